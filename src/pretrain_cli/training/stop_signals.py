@@ -41,8 +41,9 @@ from pretrain_cli.distributed.launcher import launch, progress, stopping, watchd
 from pretrain_cli.training.metrics import log
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# a launched rank's SIGTERM: how Paddle's launcher stops its ranks, whatever stop it got (Ctrl-C, SIGTERM, a hang-up)
-LAUNCHED = " (the launcher's stop: a Ctrl-C or SIGTERM to the job reaches each rank as this SIGTERM)"
+# a launched rank's SIGTERM: how Paddle's launcher stops its ranks, whatever stop it got (Ctrl-C, SIGTERM, a hang-up);
+# said as the way a Ctrl-C arrives, not as the sender (a handler is not told who sent it: a `kill` of the rank too)
+LAUNCHED = " (a launched rank: a Ctrl-C or SIGTERM to the job reaches each rank as SIGTERM)"
 
 
 class StopSignals:
