@@ -27,8 +27,8 @@ Error Message Summary:
 FatalError: `Process abort signal` is detected by the operating system.
   [TimeInfo: *** Aborted at 1765100000 (unix time) try "date -d @1765100000" if you are using GNU date ***]
 """
-VERDICT = ("\n[pretrain-cli] rank 0: rank 1 (pid 7 on h) made no progress for 31 s while in forward/backward at step 20;"
-           " this rank stops too. See that rank's workerlog for its cause.\n")
+VERDICT = ("\n[pretrain-cli] rank 0: rank 1 (pid 7 on h) made no progress for 31 s while in forward/backward at step "
+           "20; this rank stops too. See that rank's workerlog for its cause.\n")
 
 
 def test_a_crash_after_the_ranks_own_lines_stays_off_the_console(capsys):

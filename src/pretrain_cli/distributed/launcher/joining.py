@@ -5,7 +5,8 @@ through it) without a word: a rank there was still waiting after 17 minutes when
 
 After the meeting (`rendezvous.guard`) every launcher beats at MASTER's store: a counter under
 `/<job id>/pretrain_cli_alive/<node>` every `BEAT` s (`<n> in` once every rank of its node waits in the join),
-`joined` once its ranks have all joined (then it stops), and `left <code> <action>` when it ends before that: how
+`joined <n>` once its ranks have all joined (beating on while they run, and `ended <code>` at its end: `after_join`,
+which names a node lost meanwhile), and `left <code> <action>` when it ends before that: how
 launch.sh ends that node (`leaving.own_end`: `job.decide` on its ranks' records and the launcher's own code), said when Paddle's
 launcher has decided that code and before it stops MASTER's store (`leaving.note_end`); a node serving that store keeps it up
 `LINGER` s more, for the others to read it. Until its own ranks have joined it reads the others': a node that left, whose beat has not changed for `SILENCE` s
