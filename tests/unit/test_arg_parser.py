@@ -144,6 +144,33 @@ def test_impossible_combinations(override, fragment):
     assert fragment in str(e.value)
 
 
+def test_fp16_and_bf16_both_true_say_where_and_a_fix_that_works_from_there(tmp_path):
+    """Both typed said "drop --fp16 or --bf16": `f16.json --fp16 true --bf16 true`, --bf16 dropped, kept the file's
+    fp16 (no conflict) but --fp16 dropped was refused again; `--KEY false` wins wherever the other came from. Both in
+    the file: that file named; any other mix (a PaddleFormers default) named its file, where it said "file"."""
+    from dataclasses import replace
+
+    from pretrain_cli.config.compute import resolve_precision
+    from pretrain_cli.errors import Problems
+
+    def refused(args) -> list[str]:
+        problems = Problems()
+        resolve_precision(args, "cpu", Target(), [], problems)
+        return problems.items
+
+    f16 = write(tmp_path, {**BASE, "fp16": True}, "f16.json")
+    assert refused(parse_config(f16, ["--fp16", "true", "--bf16", "true"])) == [
+        "fp16, bf16: both are true (both on the command line); choose one precision: pass --fp16 false or --bf16 "
+        "false"]
+    assert refused(parse_config(f16, ["--fp16", "false", "--bf16", "true"])) == []  # (the advice, followed)
+    both = parse_config(write(tmp_path, {**BASE, "fp16": True, "bf16": True}, "both.json"))
+    assert refused(both) == [f"fp16, bf16: both are true (both in {tmp_path / 'both.json'}); choose one precision: "
+                             f"set one of them false there"]
+    mixed = replace(both, explicit={**both.explicit, "bf16": "PaddleFormers' default"})
+    assert refused(mixed) == [f"fp16, bf16: both are true (fp16 from {tmp_path / 'both.json'}, bf16 from "
+                              f"PaddleFormers' default); choose one precision: pass --fp16 false or --bf16 false"]
+
+
 def test_every_problem_is_reported_at_once():
     with pytest.raises(UserError) as e:
         resolve_run("--fp16", "--bf16", "--warmup_ratio", "1.5", "--per_device_train_batch_size", "0")

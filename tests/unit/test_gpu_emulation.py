@@ -203,7 +203,7 @@ def test_capability_comes_from_the_driver_and_one_rule_serves_plan_and_train(mon
         resolve(bf16, model_config(), target)
     line = str(e.value)
     assert line.count("\n") == 0 and line.startswith("bf16: NVIDIA GeForce RTX 2080 Ti has no bf16")
-    assert "fp16: true" in line and "fp32" in line
+    assert "--fp16 true" in line and "fp32" in line  # (typed: the fix in command-line words)
     planned = resolve(bf16, model_config(), Target("gpu", 1, 0, 0, "V100-32GB", planned=True))
     assert any(n.startswith("bf16: WARNING: V100-32GB has no bf16") for n in planned.notes)
     # an Ampere card the table does not know: its driver capability gives it flash attention and bf16

@@ -123,12 +123,13 @@ def _counted_parses(monkeypatch) -> list:
     return calls
 
 
-def _fp16_run(tmp_path) -> tuple[str, str, dict]:
-    """(model, run.json, its arguments): a snapshot a run recorded with fp16 (its GPU setting) wrote, args.json."""
+def _fp16_run(tmp_path, precision: str = "fp16") -> tuple[str, str, dict]:
+    """(model, run.json, its arguments): a snapshot a run recorded with fp16 (its GPU setting; or `precision`, None
+    for fp32) wrote, args.json."""
     model = _snapshot(tmp_path)
     arguments = {"model_name_or_path": model, "input_dir": write_tokens(tmp_path / "t", n_docs=8, doc_len=64,
                                                                         vocab_size=320),
-                 "output_dir": model, "fp16": True, "split": "50,50,0", "max_seq_length": 32,
+                 "output_dir": model, **({precision: True} if precision else {}), "split": "50,50,0", "max_seq_length": 32,
                  "per_device_eval_batch_size": 1, "eval_iters": 1, "max_steps": 1}
     config = tmp_path / "run.json"
     config.write_text(json.dumps(arguments))
@@ -182,7 +183,7 @@ def test_what_train_refuses_of_the_kernel_keys_is_refused_on_every_path_with_whe
                  ["eval", "--model", snapshot, "--data", arguments["input_dir"], "--max_seq_length", "32"]):
         code, err = cli_main([*argv, "--fp16", "true", "--bf16", "true"]), capsys.readouterr().err
         assert code == 2 and err.strip().splitlines()[-1] == ("error: fp16, bf16: both are true (both on the command "
-                                                              "line); choose one precision: drop --fp16 or --bf16"), err
+                                                              "line); choose one precision: pass --fp16 false or --bf16 false"), err
 
 
 def test_a_notes_reasons_are_the_rules_notes_never_a_refusal_and_a_key_given_twice_is_left_out_whole(tmp_path):
@@ -198,3 +199,40 @@ def test_a_notes_reasons_are_the_rules_notes_never_a_refusal_and_a_key_given_twi
     assert notes == [f"note: --bf16 true: changes no kernel generate runs on cpu {FP16_WHY.replace('fp16', 'bf16')}"]
     assert run_arguments(None, model, ["--fp16", "false", "--fp16", "false"], "eval")[2] == [
         f"note: --fp16 false --fp16 false: changes no kernel eval runs on cpu {FP16_WHY}"]
+
+
+def test_a_runs_own_precision_this_gpu_lacks_runs_with_a_note_and_only_what_the_overrides_add_is_refused(
+        tmp_path, monkeypatch):
+    """A run trained in bf16 (on an A100) was refused by `generate --model RUN` and `eval --model RUN --data` on a T4,
+    no key typed, with train's line telling the user to edit a file (they ran before: they compute in fp32, as
+    Paddle's AMP would there). The record's own bf16 is a note; what the overrides add is refused, in words for the
+    command line; a key that changes no kernel is still noted beside the run's bf16."""
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.orchestration.recorded import run_arguments
+    from pretrain_cli.run_config import Target
+
+    monkeypatch.setattr(targets, "inference_target",
+                        lambda: Target(device="gpu", gpu_name="Tesla T4", gpu_capability=(7, 5)))
+    (tmp_path / "bf16").mkdir(), (tmp_path / "fp32").mkdir()
+    model, _, _ = _fp16_run(tmp_path / "bf16", "bf16")
+    record = str(tmp_path / "bf16" / "m" / "args.json")
+    kept = (f"note: bf16 (in {record}): Tesla T4 has no bf16 tensor cores (compute capability 7.5; bf16 came with "
+            f"Ampere, 8.0: A10, A100, L4, H100); generate computes in fp32, as Paddle's AMP would here (train would "
+            f"refuse bf16 on this GPU)")
+    args, recorded, notes = run_arguments(None, model, [], "generate")
+    assert args.get("bf16") is True and recorded and notes == [kept]
+    assert run_arguments(None, model, ["--bf16", "true"], "generate")[2] == [kept]  # (a restatement: no change)
+    assert run_arguments(None, model, ["--use_flash_attention", "true"], "generate")[2] == [
+        kept, "note: --use_flash_attention true: changes no kernel generate runs on gpu (use_flash_attention: Tesla "
+              "T4 predates Ampere (no flash-attn-2); the math path runs): it runs as it would without it"]
+    assert run_arguments(None, model, ["--bf16", "false"], "generate")[2] == []  # (fp32: no rule refuses it)
+    with pytest.raises(UserError) as e:  # a conflict the override adds: refused, the run's bf16 not said again
+        run_arguments(None, model, ["--fp16", "true"], "eval")
+    assert e.value.lines == [f"fp16, bf16: both are true (bf16 in {record}, --fp16 on the command line); choose one "
+                             f"precision: pass --bf16 false --fp16 true"]
+    fp32, _, _ = _fp16_run(tmp_path / "fp32", None)
+    with pytest.raises(UserError) as e:  # bf16 typed for a run that had none: train's refusal, for the command line
+        run_arguments(None, fp32, ["--bf16", "true"], "generate")
+    assert e.value.lines == ["bf16: Tesla T4 has no bf16 tensor cores (compute capability 7.5; bf16 came with Ampere, "
+                             "8.0: A10, A100, L4, H100), and Paddle's AMP would silently run fp32; pass --bf16 false "
+                             "--fp16 true (loss-scaled fp16), or --bf16 false alone for fp32"]

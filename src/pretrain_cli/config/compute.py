@@ -31,8 +31,10 @@ def resolve_precision(args: Arguments, device: str, target: Target, notes: list,
         notes.append(f"bf16: WARNING: {why}; set bf16: false and fp16: true (loss scaling keeps fp16 stable), "
                      f"or use an Ampere-or-newer GPU")
     elif want == "bfloat16" and why:  # `train`/`check` on this GPU (the driver's capability)
-        problems.add(f"bf16: {why}, and Paddle's AMP would silently run fp32; set bf16: false and fp16: true "
-                     f"(loss-scaled fp16), or bf16: false alone for fp32")
+        fix = ("pass --bf16 false --fp16 true (loss-scaled fp16), or --bf16 false alone for fp32"
+               if args.explicit.get("bf16") == "command line" else  # (dropping it may leave a file's bf16)
+               "set bf16: false and fp16: true (loss-scaled fp16), or bf16: false alone for fp32")
+        problems.add(f"bf16: {why}, and Paddle's AMP would silently run fp32; {fix}")
     if want and device == "cpu":
         notes.append(f"precision: {'bf16' if t.bf16 else 'fp16'} is not applicable on cpu (no half-precision "
                      f"matmul kernels); the run stays fp32")
@@ -44,8 +46,9 @@ def resolve_precision(args: Arguments, device: str, target: Target, notes: list,
 
 
 def _both_precisions(args: Arguments) -> str:
-    """Where fp16 and bf16 were each set true, with the fix for that place: a file's fp16 (a run's args.json) and
-    `--bf16 true` typed is a switch of precision that needs `--fp16 false` too."""
+    """Where fp16 and bf16 were each set true, with a fix that works from there: a file's fp16 (a run's args.json)
+    and `--bf16 true` typed is a switch of precision that needs `--fp16 false` too; both typed, dropping one may
+    leave the file's (or the record's) value, where `--KEY false` always wins."""
     where = {k: args.explicit.get(k, "default") for k in ("fp16", "bf16")}
     typed = [k for k, w in where.items() if w == "command line"]
     if len(typed) == 1:
@@ -53,10 +56,12 @@ def _both_precisions(args: Arguments) -> str:
         return (f" ({other} in {args.config_path or where[other]}, --{typed[0]} on the command line); choose one "
                 f"precision: pass --{other} false --{typed[0]} true")
     if len(typed) == 2:
-        return " (both on the command line); choose one precision: drop --fp16 or --bf16"
+        return " (both on the command line); choose one precision: pass --fp16 false or --bf16 false"
     if set(where.values()) == {"file"}:
         return f" (both in {args.config_path}); choose one precision: set one of them false there"
-    return f" (fp16 from {where['fp16']}, bf16 from {where['bf16']}); choose one precision"
+    named = {k: args.config_path if w == "file" else w for k, w in where.items()}  # (PaddleFormers' default)
+    return (f" (fp16 from {named['fp16']}, bf16 from {named['bf16']}); choose one precision: pass --fp16 false or "
+            f"--bf16 false")
 
 
 def resolve_kernels(args: Arguments, target: Target, precision: Precision, notes: list) -> KernelConfig:

@@ -115,42 +115,71 @@ def run_arguments(config: str | None, model_dir, overrides: list[str],
 
 
 def idle_kernel_keys(given, parse, overrides: list[str], command: str) -> list[str]:
-    """The kernel rules' verdict on `given`, the arguments with `overrides`: what `train` would refuse of them
-    (`fp16, bf16: both are true`) is refused, as `prepare` refuses it (`eval --config`'s path has been judged there
-    already). Then a `note:` for each kernel key the overrides change that changes no kernel on this device
-    (`--fp16 true` on CPU: the precision stays fp32; `--fp16 false` on a run recorded with fp16; `--recompute true`
-    alone), naming what the rules noted of either value, never what they would refuse (a conflict of the arguments
-    without it is none of the user's value): the command runs as it would without it, and the user learns so. A
-    key given twice is left out with every copy. One that restates the setting in effect is no change, and one
-    without which the arguments would be refused is a change that counts (`--fp16 false` beside `--bf16 true` on a
-    run recorded with fp16): both are taken silently. `parse(tokens)`: the arguments with those tokens instead."""
+    """The kernel rules' verdict on `given`, the arguments with `overrides`. What `train` would refuse of them is
+    refused where the overrides add it (`--bf16 true` on a run recorded with fp16: `fp16, bf16: both are true`), as
+    `prepare` refuses it (`eval --config`'s path has been judged there already); what it would refuse of the
+    arguments without them (a run trained in bf16 on an A100, sampled on a T4) is no typed value's to undo and runs,
+    with a note (`kept_problems`). Then a `note:` for each kernel key the overrides change that changes no kernel on
+    this device (`--fp16 true` on CPU: the precision stays fp32; `--fp16 false` on a run recorded with fp16;
+    `--recompute true` alone), naming what the rules noted of either value, never what they would refuse: the
+    command runs as it would without it, and the user learns so. A key given twice is left out with every copy. One
+    that restates the setting in effect is no change, and one without which the overrides would add a refusal is a
+    change that counts (`--fp16 false` beside `--bf16 true` on a run recorded with fp16): both are taken silently.
+    `parse(tokens)`: the arguments with those tokens instead (`parse([])`, once more, only where a rule refused)."""
     from pretrain_cli.config.compute import KERNEL_KEYS, kernels_for
     from pretrain_cli.config.parser import override_keys
     from pretrain_cli.orchestration.targets import inference_target
 
-    target, said, refused = inference_target(), [], []
+    target, said, refused, base = inference_target(), [], [], []
     kernels = kernels_for(given, target, said, refused)
     if refused:
-        raise UserError("\n".join(dict.fromkeys(refused)))
+        kernels_for(parse([]) if overrides else given, target, [], base)
+    had = {_rule(p) for p in base}  # (a rule's line names where each value came from: the same rule, other words)
+    if added := [p for p in dict.fromkeys(refused) if _rule(p) not in had]:
+        raise UserError("\n".join(added))
+    notes = kept_problems(base, given, target, command) if base else []
     chunks: list[list[str]] = []  # each --key with its values, as typed
     for token in overrides:
         if token.startswith("--") or not chunks:
             chunks.append([])
         chunks[-1].append(token)
     keys = [override_keys(c)[0][1] if c[0].startswith("--") else None for c in chunks]
-    notes = []
     for key in dict.fromkeys(k for k in keys if k in KERNEL_KEYS):
         typed = [t for k, c in zip(keys, chunks) if k == key for t in c]
         without = parse([t for k, c in zip(keys, chunks) if k != key for t in c])
         either, conflict = list(said), []
         if without.get(key) != given.get(key) and kernels_for(without, target, either, conflict) == kernels \
-                and not conflict:
+                and not [p for p in conflict if _rule(p) not in had]:
             # what the rules said of either value (`--fp16 false` on a run recorded with fp16: of its fp16) that
             # names this key as a word (`fp16: ...`, `precision: fp16 is ...`, `O0 ... (fp16 has no effect)`), never
             # as part of another key's name (fp16 in `fp16_opt_level: ...`)
             why = [n for n in dict.fromkeys(either) if re.search(rf"(?<![\w.-]){re.escape(key)}(?![\w-])", n)]
             notes.append(f"note: {' '.join(typed)}: changes no kernel {command} runs on {target.device}"
                          f"{' (' + '; '.join(why) + ')' if why else ''}: it runs as it would without it")
+    return notes
+
+
+def _rule(problem: str) -> str:
+    """The rule a refusal is of, as its line starts (`fp16, bf16`, `bf16`)."""
+    return problem.split(":", 1)[0]
+
+
+def kept_problems(problems: list[str], given, target, command: str) -> list[str]:
+    """A `note:` for each rule `train` would refuse the arguments without overrides by (`problems`: a run's record,
+    a `--config` file), which `command` runs anyway: it builds its model in fp32 and runs no AMP, so a precision
+    this device lacks changes only the kernels chosen, which its `kernels:` line names. A run trained in bf16 on an
+    A100 samples on a T4, where `train` would refuse bf16 (Paddle's AMP would compute fp32 there)."""
+    from pretrain_cli.planning.hardware import capability, no_bf16
+
+    notes, where = [], given.config_path
+    for rule in dict.fromkeys(map(_rule, problems)):
+        if rule == "bf16":
+            why = no_bf16(target.gpu_name, capability(target.gpu_name, target.gpu_capability))
+            notes.append(f"note: bf16 (in {where}): {why}; {command} computes in fp32, as Paddle's AMP would here "
+                         f"(train would refuse bf16 on this GPU)")
+        else:  # both fp16 and bf16 true: the rules take bf16's kernels
+            notes.append(f"note: fp16, bf16: both are true in {where} (train would refuse it); {command} takes "
+                         f"bf16's kernels and computes in fp32")
     return notes
 
 
