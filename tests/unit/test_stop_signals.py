@@ -39,3 +39,20 @@ def test_a_launched_ranks_sigterm_is_said_as_the_launchers_stop(monkeypatch, cap
     said = [r.getMessage() for r in caplog.records if "received SIGTERM" in r.getMessage()]
     assert said == [f"received SIGTERM{LAUNCHED}: finishing the current step, then saving"], said
     assert "Ctrl-C" in LAUNCHED
+
+
+def test_a_signal_while_the_loop_ends_with_an_error_is_said_as_that_and_ignored(caplog):
+    """Disk full under launch.sh: rank 1, its save failed by rank 0, got the launcher's SIGTERM as it left and its log
+    said `received SIGTERM after the last step (saved): finishing the evaluation and the final export` (the trainer
+    set `finishing` on every end of its loop that was no stop)."""
+    before = {s: signal.getsignal(s) for s in SIGNALS}
+    stops = StopSignals()
+    stops.listen()
+    try:
+        stops.ending()
+        with caplog.at_level(logging.WARNING, logger="pretrain_cli"):
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # said, not raised, not the default action
+    finally:
+        stops.restore()
+    assert [r.getMessage() for r in caplog.records] == ["received SIGTERM while this rank ends with an error: ignored"]
+    assert {s: signal.getsignal(s) for s in SIGNALS} == before

@@ -17,7 +17,8 @@ benchmarks build it, makes its own):
   run's last save took longer than the stop has left, one line says so before the save (`hold(step)`);
 - `finishing()`, once the loop reached max_steps (its last checkpoint saved): a signal is said and ignored while
   the run evaluates and writes its final model (a SIGTERM there killed the export and left the lock; the run
-  ends at once anyway, exit 0);
+  ends at once anyway, exit 0); `ending()`, once the loop ended with an error: the same, said as that (a rank whose
+  save failed was told `after the last step (saved)` of the launcher's SIGTERM);
 - `restore()`: the handlers the process had before (idempotent), by `run` after the lock is released, or by
   the loop itself when it ended without a signal and owns this object (a `Trainer` built without `run`).
 
@@ -83,6 +84,17 @@ class StopSignals:
                 self._detach()
             log.warning(f"received {signal.Signals(signum).name} after the last step (saved): finishing the "
                         f"evaluation and the final export, then exiting")
+
+        for s in self._signals:
+            signal.signal(s, handler)
+
+    def ending(self) -> None:
+        """The loop ended with an error (this rank's, or a rank's it waited on): a signal (the launcher's, stopping
+        the ranks once one failed) is said as what it meets and ignored, as `finishing` does, while the run leaves."""
+        def handler(signum, frame):
+            if signum == signal.SIGHUP:
+                self._detach()
+            log.warning(f"received {signal.Signals(signum).name} while this rank ends with an error: ignored")
 
         for s in self._signals:
             signal.signal(s, handler)

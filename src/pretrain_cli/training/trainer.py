@@ -12,6 +12,7 @@ bitwise identical on CPU.
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -228,6 +229,8 @@ class Trainer(TrainLog):
                 self.signals.hold()
             elif self._own_signals:
                 self.signals.restore()
+            elif sys.exc_info()[0] is not None:  # an error ends the loop (a full disk's save, a rank 0 gone): said so
+                self.signals.ending()
             else:  # the last step is saved: `run` evaluates and exports, a signal there said and ignored
                 self.signals.finishing()
             if bar is not None:
