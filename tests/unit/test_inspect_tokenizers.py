@@ -68,6 +68,23 @@ def test_a_directory_names_the_forms_of_one_tokenizer_and_different_tokenizers(t
         [([str(whole), str(files)], ["a", "b"]), ([str(other)], ["c"])]
 
 
+def test_the_agreement_line_names_the_tokenizer_by_its_fullest_sidecar(tmp_path, capsys):
+    """Files of one tokenizer, the first with a sidecar from before the fingerprint (tokenizer.json's sha256 alone):
+    the line that says they agree named the tokenizer by that sha256, though the other file's sidecar records its
+    ids fingerprint and fingerprint; it names it by those."""
+    whole, _ = gpt2_style(tmp_path)
+    _made(tmp_path, "a", whole)
+    _made(tmp_path, "b", whole)
+    sidecar = json.loads((tmp_path / "d" / "a.json").read_text())
+    for field in ("tokenizer_ids_fingerprint", "tokenizer_fingerprint"):
+        del sidecar[field]
+    (tmp_path / "d" / "a.json").write_text(json.dumps(sidecar))
+    capsys.readouterr()
+    assert cli.main(["inspect-data", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert f"tokenizer: the 2 files with a sidecar agree: vocab 300, eos 0, {_said(whole)}; dtype uint16\n" in out, out
+
+
 def test_groups_are_the_judge_s_own(tmp_path, capsys):
     """A sidecar from before the ids fingerprint (fingerprint alone) of the tokenizer another file's sidecar names
     in full is one tokenizer with it: the judge (`tokenizer_problems`) said so and the groups, keyed by whichever id

@@ -130,3 +130,28 @@ def test_the_record_carried_past_a_checkpoint_with_tokenizer_files_is_whole(tmp_
     other = spaced(tmp_path, whole)
     assert cli.main(["check", _args(tmp_path, "other", max_steps=6, tokenizer_name_or_path=str(other))]) == 2
     assert f"is not the tokenizer {_said(ckpt4, want)}: its fingerprint is" in capsys.readouterr().err
+
+
+def test_only_rank_0_takes_the_record_and_its_ids_fingerprint(tmp_path, monkeypatch):
+    """The record (`spec.record()`) was taken on every rank though only rank 0 writes args.json: for data whose
+    sidecars do not record the ids fingerprint, each rank of a node parsed the whole tokenizer for it (R4: 2.7 s
+    each for a Qwen-size one at load 4.5, 8 ranks). Rank 0 computes it, once; another rank takes no record."""
+    from pretrain_cli.data import tokenizer as tokenizer_module
+    from pretrain_cli.orchestration.prepare import prepare
+    from pretrain_cli.run_config import Target
+    from pretrain_cli.training.run import args_record
+
+    whole, _ = gpt2_style(tmp_path)
+    _data(tmp_path, {"d": whole})
+    sidecar = json.loads((tmp_path / "d" / "c.json").read_text())
+    del sidecar["tokenizer_ids_fingerprint"]  # (a sidecar from before it)
+    (tmp_path / "d" / "c.json").write_text(json.dumps(sidecar))
+    config = _args(tmp_path, "run", tokenizer_name_or_path=str(whole))
+    parsed, original = [], tokenizer_module.ids_form
+    monkeypatch.setattr(tokenizer_module, "ids_form", lambda spec: parsed.append(1) or original(spec))
+    other = prepare(config, [], Target(device="cpu", world_size=2, rank=1))
+    assert not other.run.parallel.is_rank0 and args_record(other) is None and parsed == []
+    rank0 = prepare(config, [], Target(device="cpu", world_size=2, rank=0))
+    record = args_record(rank0)["tokenizer"]
+    assert parsed == [1]  # (prepare's data check had no need of it: the sidecar's fingerprint is the tokenizer's)
+    assert record["tokenizer_ids_fingerprint"] == load_tokenizer(whole).ids_fingerprint

@@ -238,10 +238,11 @@ def _tokenizer_notes(without_sidecar: int, files: int, tok, tokenizer_dir: str |
 
 
 def _agreed(known: list, dtype: str) -> str:
-    """The line of a directory whose files with a sidecar agree: the tokenizer as the first records it, and where
-    they record several fingerprints (`tokenizer_problems` joined them by their ids fingerprints), that they are
-    forms of one tokenizer."""
-    k = known[0]
+    """The line of a directory whose files with a sidecar agree: the tokenizer as the fullest sidecar records it
+    (the first to record the first of `TOKENIZER_IDS` any records, as `data.inspect.tokenizer_groups` names a
+    group: an older sidecar, tokenizer.json's sha256 alone, may come first), and where they record several
+    fingerprints (`tokenizer_problems` joined them by their ids fingerprints), that they are forms of one tokenizer."""
+    k = next((r for f in TOKENIZER_IDS for r in known if r.get(f)), known[0])
     which = ("the file with a sidecar says" if len(known) == 1 else
              f"the {count(len(known), 'file')} with a sidecar agree")
     fps = {r["tokenizer_fingerprint"] for r in known if r.get("tokenizer_fingerprint")}

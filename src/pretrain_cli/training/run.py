@@ -71,6 +71,14 @@ def _log_told(told: list[str]) -> None:
     told.clear()
 
 
+def args_record(spec) -> dict | None:
+    """What args.json holds (`RunSpec.record`), on global rank 0, which alone writes it (output_dir, each
+    checkpoint, the final directory); None elsewhere. The record's tokenizer takes its ids fingerprint, which for
+    data whose sidecars do not record it parses the whole tokenizer (~2.7 s for a Qwen-size one at load 4.5):
+    computed by every rank of a node, it cost each of them that, for a record none of them writes."""
+    return spec.record() if spec.run.parallel.is_rank0 else None
+
+
 def _run(spec, signals: StopSignals, told: list[str]) -> int:
     paddle = runtime.import_paddle()
     r, model_cfg = spec.run, spec.model_cfg
@@ -81,7 +89,7 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
     comm = build_comm(r.parallel)
     same_run.check(comm, spec.fingerprint(), r.output.output_dir)  # every node the same run, one output_dir
     spec = same_run.resume(comm, spec)  # rank 0's checkpoint on every rank, and what the run keeps from it
-    r, record = spec.run, spec.record()
+    r, record = spec.run, args_record(spec)
     watchdog.start(r.parallel, hang_timeout=r.loop.hang_timeout, output_dir=str(r.output.output_dir))
     if r.parallel.is_rank0:  # its watcher frees the lock should another rank's error end this one without `finally`
         watchdog.holding(Path(r.output.output_dir) / run_lock.LOCK_FILE)
@@ -112,7 +120,7 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
             older = previous_checkpoint(r.output, resume.path, e)
             notes = set(r.notes)
             spec = spec.resuming(older)  # what the run keeps from a checkpoint, decided again for this one
-            r, record, resume = spec.run, spec.record(), _opened(older)
+            r, record, resume = spec.run, args_record(spec), _opened(older)
             for note in (n for n in r.notes if n not in notes):
                 log.info(f"note: {note}")
             model = build_model(r, model_cfg)

@@ -62,9 +62,10 @@ def trained_with(tokenizer, prefixes=(), starts=()) -> dict | None:
 def of_tokenizer(tokenizer, prefixes=()) -> dict:
     """`tokenizer`'s record: its path, fingerprint, ids fingerprint, tokenizer.json's sha256 (read as it loaded),
     vocabulary size and EOS id. The ids fingerprint parses the whole serialisation (a Qwen-size tokenizer, 151k
-    tokens: ~1.8 s on a loaded 2-core machine, once a run), so it is taken from a token file's sidecar (`prefixes`)
-    that records it for this fingerprint (preprocess computed it), and computed only where none does or the data
-    check has not already (`Tokenizer.ids_fingerprint` keeps it)."""
+    tokens: ~1.8 s on a loaded 2-core machine), so it is taken from a token file's sidecar (`prefixes`) that
+    records it for this fingerprint (preprocess computed it), and computed only where none does or the data check
+    has not already (`Tokenizer.ids_fingerprint` keeps it); a run takes its record on rank 0 alone, which writes
+    args.json (`training.run.args_record`), so it is computed once a run."""
     from pretrain_cli.data.indexed import read_sidecar
 
     fp = tokenizer.fingerprint
