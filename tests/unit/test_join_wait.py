@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from pretrain_cli import processes
-from pretrain_cli.distributed.launcher import job, join_wait
+from pretrain_cli.distributed.launcher import job, join_deadline, join_wait, rank_log
 
 RANK0 = r"""
 import sys, time
@@ -58,6 +58,10 @@ def test_a_stopped_rank_is_said_while_waiting_and_named_at_the_limit(tmp_path):
     record = json.loads((verdicts / "rank-1.json").read_text())
     assert (record["exit"], record["kind"], record["local"], record["line"]) == (124, "hung", "1", named)
     assert job.decide(verdicts, 247) == (124, "retry")
+    # the console's copy of rank 0 leaves the limit's lines to launch.sh's account (said once), not the waiting note
+    assert rank_log.VERDICT.match(f"[pretrain-cli] {named}")
+    assert rank_log.VERDICT.match(join_deadline.line(0, 7, 600.0, 4))
+    assert not rank_log.VERDICT.match(f"[pretrain-cli] rank 0 (pid 7 on h{note}")
 
 
 def test_a_rank_still_starting_up_or_gone_is_told_apart_from_one_that_came(tmp_path):

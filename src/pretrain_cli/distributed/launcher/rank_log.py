@@ -24,9 +24,13 @@ from pathlib import Path
 LIMIT = 20  # the most lines of a crash, or `error:` lines, the console quotes
 WINDOW = 1 << 20  # the most bytes of a log's end read for it
 PREFIX = "[pretrain-cli] "  # what starts the lines of the ranks' watchers (and the records' lines)
-# a rank watcher's verdict on a rank (`watcher.Watcher._line`, `departure.follow`), for this rank or another
-VERDICT = re.compile(re.escape(PREFIX) + r"(rank \d+: )?rank \d+ \(pid \d+ on [^)]*\) (died|left with an error|"
-                     r"made no progress|was aborted by the collective library|stopped \()")
+# a rank watcher's verdict on a rank (`watcher.Watcher._line`, `departure.follow`), for this rank or another, or a
+# join limit's (launch.sh says each once: the launcher's console copy of rank 0 leaves them out, `failure_report`)
+VERDICT = re.compile(re.escape(PREFIX) + r"(rank \d+: )?rank \d+ \(pid \d+ on [^)]*\)( (died|left with an error|"
+                     r"made no progress|was aborted by the collective library|stopped \()"
+                     # a join's limit (`join_deadline`): the rank that never came, or the waiting rank's own
+                     r"|( \(and \d+ more rank\(s\) of this host\))? has not come to the join"
+                     r"|: the process group (of \d+ ranks )?has not formed)")
 # what starts a crash's account in a rank's log: an uncaught exception's traceback (an ExceptionGroup's, indented),
 # a fatal signal's stack (Python's faulthandler, on for every rank: `runtime.import_paddle`)
 TRACEBACK, GROUP = "Traceback (most recent call last):", "  + Exception Group Traceback (most recent call last):"
