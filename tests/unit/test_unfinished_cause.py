@@ -70,3 +70,24 @@ def test_an_earlier_launchs_lines_in_the_same_log_are_not_this_runs(out):
     line = run_lock.unfinished(out, _holder(), socket.gethostname())
     assert OOM in line and "made no progress" not in line, line
     assert "with its 2 ranks: the workerlogs name the rank that ended first" in line
+
+
+def test_a_lock_that_cannot_be_removed_leaves_the_runs_own_error_the_news(tmp_path, monkeypatch, capsys):
+    """W2, output_dir made read-only mid-run: `release` raised EROFS from `run`'s `finally`, so the run's line was
+    `error: out/run.lock: Read-only file system` (the save's own error hidden) and the next start quoted that."""
+    import errno
+    import pathlib
+
+    lock = run_lock.acquire(tmp_path / "out")
+    real = pathlib.Path.unlink
+
+    def read_only(self, missing_ok=False):
+        if self.name == run_lock.LOCK_FILE:
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return real(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(pathlib.Path, "unlink", read_only)
+    lock.release()  # no error of its own over the run's
+    assert capsys.readouterr().err == (f"warning: {lock.path}: could not remove the run lock (Read-only file system); "
+                                       f"the next start in {lock.path.parent} takes it over\n")
+    assert lock.path.exists()

@@ -79,7 +79,11 @@ class RunLock:
         self._stop.set()
         self._beater.join()
         if same_holder(_read(self.path), self.me):
-            self.path.unlink(missing_ok=True)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError as e:  # (a read-only output_dir): raised from `run`'s `finally`, it hid the run's own error
+                print(f"warning: {self.path}: could not remove the run lock ({e.strerror or e}); the next start in "
+                      f"{self.path.parent} takes it over", file=sys.stderr, flush=True)
         if self.created_dir is not None:  # a run that wrote nothing leaves no empty directory behind
             try:
                 self.created_dir.rmdir()
