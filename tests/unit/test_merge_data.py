@@ -11,7 +11,7 @@ import pytest
 from data_helpers import make_texts, make_tokenizer, run_preprocess, write_jsonl, write_mmidx_reference
 from pretrain_cli import cli
 from pretrain_cli.data import merge as merge_module
-from pretrain_cli.data import repeats, token_file_tokenizers
+from pretrain_cli.data import repeats, token_file_tokenizers, window_keys
 from pretrain_cli.data.indexed import open_token_file, read_sidecar
 from pretrain_cli.data.merge import merge
 from pretrain_cli.errors import UserError
@@ -342,10 +342,10 @@ def test_a_source_in_two_inputs_each_holding_others_is_said_naming_both(tmp_path
 
 
 def test_a_shared_source_is_found_when_only_some_windows_are_kept(tmp_path, monkeypatch):
-    """Past `_ANCHORS` windows only 1 in ceil(windows / _ANCHORS) is kept, the same in each input: a run of 300
-    shared sequences still has anchors, and is grown to its whole extent from the lengths."""
+    """Past `window_keys.ANCHORS` windows only 1 in ceil(windows / ANCHORS) is kept, the same in each input: a run
+    of 300 shared sequences still has anchors, and is grown to its whole extent from the lengths."""
     a, b, c = _docs(40, 1), _docs(300, 2), _docs(50, 3)
-    monkeypatch.setattr(repeats, "_ANCHORS", 60)  # 7 times fewer windows than the 2 inputs hold
+    monkeypatch.setattr(window_keys, "ANCHORS", 60)  # 7 times fewer windows than the 2 inputs hold
     lines = repeats.repeated_inputs(_pair(tmp_path, a + b, b + c))
     assert lines == [f"{tmp_path / 'a'}: its sequences 40 to 339 of 340 (300 sequences) are sequences 0 to 299 of 350 "
                      f"of {tmp_path / 'b'}; joined, they are trained on twice: preprocess one of them again without "

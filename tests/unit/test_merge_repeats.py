@@ -1,6 +1,8 @@
-"""merge-data's warning of a source two inputs share among others of their own (`data/repeats.py`): runs next to
-neighbours of the same length, sources an input holds twice, fixed-length documents that all begin with one token,
-and memory bounded by the windows kept, not by the inputs' size."""
+"""merge-data's warning of a source two inputs share among others of their own (`data/repeats.py`,
+`data/window_keys.py`): runs next to neighbours of the same length, sources an input holds twice, fixed-length
+documents that all begin with one token, memory bounded by the windows kept, not by the inputs' size (lengths that
+recur all through too), no source said of documents that are one sequence repeated, every input holding a run
+counted, and many inputs compared only where one may hold another."""
 from __future__ import annotations
 
 import tracemalloc
@@ -8,7 +10,7 @@ import tracemalloc
 import numpy as np
 
 from data_helpers import write_mmidx_reference
-from pretrain_cli.data import repeats
+from pretrain_cli.data import repeats, window_keys
 from pretrain_cli.data.indexed import open_token_file
 
 _TAIL = "; joined, they are trained on twice: preprocess one of them again without that source unless you mean to " \
@@ -84,19 +86,19 @@ def _bos_docs(n, seed, size=6):
 def test_fixed_length_documents_that_all_begin_with_one_token_are_found_whole(tmp_path, monkeypatch):
     """Every window of such documents has one key by lengths and first tokens, so all recurred in their input and
     none was kept: [] for a shared 300. Keyed by the middle token too, they are found; and where only some windows
-    are kept (past `_ANCHORS`) the run is grown from them to its whole extent, where fixed lengths with other
+    are kept (past `window_keys.ANCHORS`) the run is grown from them to its whole extent, where fixed lengths with other
     documents on both sides came out short (the anchors' own span)."""
     a, b, c = _bos_docs(40, 1), _bos_docs(300, 2), _bos_docs(50, 3)
     ab, bc = _open(tmp_path, ab=a + b, bc=b + c)
     want = [f"{tmp_path / 'ab'}: its sequences 40 to 339 of 340 (300 sequences) are sequences 0 to 299 of 350 of "
             f"{tmp_path / 'bc'}{_TAIL}"]
     assert repeats.repeated_inputs([ab, bc]) == want
-    monkeypatch.setattr(repeats, "_ANCHORS", 60)  # 1 window in 12 kept
+    monkeypatch.setattr(window_keys, "ANCHORS", 60)  # 1 window in 12 kept
     assert repeats.repeated_inputs([ab, bc]) == want
     rng = np.random.default_rng(0)  # fixed lengths, other first tokens, with others on both sides in both inputs:
     a, b, c, d, e = (rng.integers(2, 1000, (n, 6)).tolist() for n in (40, 300, 50, 30, 60))
     abc, dbe = _open(tmp_path, abc=a + b + c, dbe=d + b + e)  # (the anchors' own span was said: 64 to 328)
-    monkeypatch.setattr(repeats, "_ANCHORS", 70)
+    monkeypatch.setattr(window_keys, "ANCHORS", 70)
     assert repeats.repeated_inputs([abc, dbe]) == [
         f"{tmp_path / 'abc'}: its sequences 40 to 339 of 390 (300 sequences) are sequences 30 to 329 of 390 of "
         f"{tmp_path / 'dbe'}{_TAIL}"]
@@ -111,8 +113,8 @@ def test_memory_is_bounded_by_the_windows_kept_not_the_inputs(tmp_path, monkeypa
     shared = _docs(400, 1)
     ab, bc = _open(tmp_path, ab=[[7] * int(s) for s in sizes[:100_000]] + shared,
                    bc=shared + [[8] * int(s) for s in sizes[100_000:]])
-    monkeypatch.setattr(repeats, "_ANCHORS", 1 << 10)
-    monkeypatch.setattr(repeats, "_CHUNK", 1 << 12, raising=False)
+    monkeypatch.setattr(window_keys, "ANCHORS", 1 << 10)
+    monkeypatch.setattr(window_keys, "CHUNK", 1 << 12)
     repeats.repeated_inputs([ab, bc])  # (once before: what numpy imports on first use is not the check's)
     tracemalloc.start()
     try:
@@ -123,3 +125,91 @@ def test_memory_is_bounded_by_the_windows_kept_not_the_inputs(tmp_path, monkeypa
     assert peak < 800_000, peak
     assert lines == [f"{tmp_path / 'ab'}: its sequences 100,000 to 100,399 of 100,400 (400 sequences) are sequences 0 "
                      f"to 399 of 100,400 of {tmp_path / 'bc'}{_TAIL}"]
+
+
+def _cycling(n, seed):
+    """`n` sequences of 10, 20, 30, 10, ... random tokens: every window's lengths recur all through the input."""
+    sizes = np.resize([10, 20, 30], n)
+    return np.split(np.random.default_rng(seed).integers(1, 60000, int(sizes.sum())), np.cumsum(sizes)[:-1])
+
+
+def _peak(datasets):
+    repeats.repeated_inputs(datasets)  # (once before: what numpy imports on first use is not the check's)
+    tracemalloc.start()
+    try:
+        lines = repeats.repeated_inputs(datasets)
+        return tracemalloc.get_traced_memory()[1], lines
+    finally:
+        tracemalloc.stop()
+
+
+def test_lengths_that_recur_all_through_are_keyed_by_tokens_a_chunk_at_a_time(tmp_path, monkeypatch):
+    """Lengths cycling 10, 20, 30 in `ab` and `bc` (b shared): every window recurs, and all were keyed by their
+    sequences at once (8 rows of indices each): 4.5M sequences took 1,069 MiB. Now a chunk at a time: with every
+    window kept the peak is some 30 bytes a window, not 250; and with 1 in 78 kept b is found (it was not: windows
+    were keyed by their sequences only where their lengths' key was kept, and 3 lengths' keys rarely are)."""
+    a, b, c = _cycling(20_000, 1), _cycling(20_000, 2), _cycling(20_000, 3)
+    ab, bc = _open(tmp_path, ab=a + b, bc=b + c)
+    want = [f"{tmp_path / 'ab'}: its sequences 20,000 to 39,999 of 40,000 (20,000 sequences) are sequences 0 to "
+            f"19,999 of 40,000 of {tmp_path / 'bc'}{_TAIL}"]
+    monkeypatch.setattr(window_keys, "CHUNK", 1 << 12)
+    peak, lines = _peak([ab, bc])  # (every window kept)
+    assert peak < 80 * 80_000, peak
+    assert lines == want
+    monkeypatch.setattr(window_keys, "ANCHORS", 1 << 10)
+    peak, lines = _peak([ab, bc])
+    assert peak < 800_000, peak
+    assert lines == want
+
+
+def test_a_run_of_one_sequence_repeated_is_no_shared_source(tmp_path):
+    """9 empty documents, 9 [0], 9 padding documents [0] * 8 in two unrelated inputs were "a shared source" to
+    preprocess again without: any two inputs may hold such a run. A window of one sequence repeated is no anchor;
+    a shared source next to such a run is still found."""
+    x, y, b = _docs(20, 1), _docs(15, 3), _docs(30, 5)
+    for name, filler in (("empty", []), ("zero", [0]), ("pad", [0] * 8)):
+        xs, ys = _open(tmp_path, **{f"x_{name}": x + [filler] * 9 + _docs(20, 2),
+                                    f"y_{name}": y + [filler] * 9 + _docs(25, 4)})
+        assert repeats.repeated_inputs([xs, ys]) == [], name
+    xs, ys = _open(tmp_path, xb=x + b + [[0] * 8] * 9, yb=y + b + [[0] * 8] * 9)
+    assert repeats.repeated_inputs([xs, ys]) == [
+        f"{tmp_path / 'xb'}: its sequences 20 to 58 of 59 (39 sequences) are sequences 15 to 53 of 54 of "
+        f"{tmp_path / 'yb'}{_TAIL}"]
+
+
+def test_a_shared_run_counts_the_inputs_it_is_in_that_are_held_inside_another(tmp_path):
+    """`ab`, `bc`, `abc`: b is in all three, but the line for b named bc alone, "twice" (the pair with abc was
+    skipped, ab being inside abc). Every input holding it is named and counted now. And an input of one sequence
+    is said in the singular."""
+    a, b, c = _docs(20, 0), _docs(30, 1), _docs(25, 2)
+    ab, bc, abc, one = _open(tmp_path, ab=a + b, bc=b + c, abc=a + b + c, one=[c[3]])
+    assert repeats.repeated_inputs([ab, bc, abc]) == [
+        f"{tmp_path / 'ab'}: its 50 sequences are sequences 0 to 49 of 75 of {tmp_path / 'abc'}; joined, they are "
+        "trained on twice: drop one input unless you mean to repeat them",
+        f"{tmp_path / 'bc'}: its 55 sequences are sequences 20 to 74 of 75 of {tmp_path / 'abc'}; joined, they are "
+        "trained on twice: drop one input unless you mean to repeat them",
+        f"{tmp_path / 'ab'}: its sequences 20 to 49 of 50 (30 sequences) are sequences 0 to 29 of 55 of "
+        f"{tmp_path / 'bc'} and sequences 20 to 49 of 75 of {tmp_path / 'abc'}; joined, they are trained on 3 times: "
+        "preprocess all but one again without that source unless you mean to repeat them"]
+    assert repeats.repeated_inputs([one, bc]) == [
+        f"{tmp_path / 'one'}: its 1 sequence is sequence 33 of 55 of {tmp_path / 'bc'}; joined, it is trained on "
+        "twice: drop one input unless you mean to repeat it"]
+
+
+def test_many_inputs_are_compared_only_where_one_may_hold_another(tmp_path, monkeypatch):
+    """Each input was compared with each larger one, and with each of its length to find copies: 40 shards took
+    40 * 39 / 2 comparisons (400 took 1.8 s, 2,000 some 100 s). Now only where the larger holds the smaller's first
+    window's key (its lengths, or its first and middle tokens where those are one): here the 2 inputs held inside
+    another (one of them shorter than a window), of 40."""
+    shards = [_docs(50, seed) for seed in range(36)] + [_docs(50 + seed, seed) for seed in range(36, 38)]
+    shards += [_docs(3, 40)[:1] + shards[5] + _docs(2, 41), shards[7][10:13]]  # shard 5 inside, and 3 of shard 7
+    inputs = _open(tmp_path, **{f"s{i:02d}": docs for i, docs in enumerate(shards)})
+    calls = []
+    repeat_at = repeats._repeat_at
+    monkeypatch.setattr(repeats, "_repeat_at", lambda a, b, *rest: calls.append(rest) or repeat_at(a, b, *rest))
+    assert repeats.repeated_inputs(inputs) == [
+        f"{tmp_path / 's05'}: its 50 sequences are sequences 1 to 50 of 53 of {tmp_path / 's38'}; joined, they are "
+        "trained on twice: drop one input unless you mean to repeat them",
+        f"{tmp_path / 's39'}: its 3 sequences are sequences 10 to 12 of 50 of {tmp_path / 's07'}; joined, they are "
+        "trained on twice: drop one input unless you mean to repeat them"]
+    assert len([rest for rest in calls if not rest]) <= 4, len(calls)  # (whole inputs: 2 found, a chance or two)

@@ -9,21 +9,19 @@ from __future__ import annotations
 import numpy as np
 
 from pretrain_cli.counts import count
+from pretrain_cli.data import window_keys
+from pretrain_cli.data.window_keys import RUN
 
 
 _WHOLE = 1_000_000  # tokens: a smaller repeated window is compared whole
 
 
 _NAMED = 3  # inputs (or places in one) a repeat is named in; past them "and N more"
+_DIRECT = 4  # inputs (groups of identical ones) up to which each is compared with every larger one directly
 
 
-_RUN = 8  # sequences: the shortest run two inputs share that is looked for (its window of keys is the anchor)
-_ANCHORS = 1 << 22  # windows kept over all inputs; past it 1 in ceil(windows / _ANCHORS) is kept
-_CHUNK = 1 << 18  # windows hashed at a time: an input's own windows are never all in memory
 _CHECKED = 4  # runs compared on tokens for each pair of inputs, those with the most anchors first
 _PROBES = 32  # anchors of a run whose windows are compared on tokens to find one inside it, the middle one first
-_WEIGHTS = np.random.default_rng(1234).integers(1, 2**63, _RUN + 2, dtype=np.uint64) | np.uint64(1)
-_SALT = np.uint64(0x9E3779B97F4A7C15)  # keeps a window keyed with tokens apart from one keyed by lengths alone
 
 
 def repeated_inputs(datasets) -> list[str]:
@@ -34,19 +32,27 @@ def repeated_inputs(datasets) -> list[str]:
     run of sequences that inputs share among others of their own (`_shared_runs`). Sidecars record only one sha256
     of all of a file's inputs and settings, which cannot tell that one corpus holds another, so the tokens are
     compared (`_repeat_at`). Identical inputs are grouped first (`_identical`) and each group is compared through
-    its first input alone, so k copies cost k - 1 comparisons, not k(k-1)/2. What it costs: each pair of distinct
-    inputs has its lengths compared (the .idx, in memory); where some start's first and last lengths agree, it
-    reads the smaller's first sequence, the larger's first and middle tokens at each such start, and its sequence
-    at each start where those agree too; the window's tokens where a start's first sequence and the lengths agree;
-    a pair found repeated reads its window in both files at each place (whole under `_WHOLE` tokens, else 10
-    sequences), so a merge with repeats reads more than one without; `_shared_runs` says what it costs besides."""
-    groups = _identical(datasets)
+    its first input alone, so k copies cost k - 1 comparisons, not k(k-1)/2. What it costs: past `_DIRECT` groups,
+    each input's windows are keyed once and only the pairs where the larger holds the smaller's first window's key
+    are compared (`window_keys.holders`: n inputs cost n scans, not n * n comparisons); a pair compared has its
+    lengths compared (the .idx, in memory); where some start's first and last lengths agree, it reads the
+    smaller's first sequence, the larger's first and middle tokens at each such start, and its sequence at each
+    start where those agree too; the window's tokens where a start's first sequence and the lengths agree; a pair
+    found repeated reads its window in both files at each place (whole under `_WHOLE` tokens, else 10 sequences),
+    so a merge with repeats reads more than one without; `_shared_runs` says what it costs besides."""
+    firsts = window_keys.first_keys(datasets)
+    groups = _identical(datasets, firsts)
+    reps = [g[0] for g in groups]
+    can_hold = window_keys.holders([datasets[i] for i in reps], firsts[reps]) if len(reps) > _DIRECT else \
+        [set(range(len(reps))) - {g} for g in range(len(reps))]
     lines, inside = [], {}  # inside: (group of the held input, group holding it) -> each place it starts there
     for g, group in enumerate(groups):
         b = datasets[group[0]]
         nb = len(b)
-        found = [(i, f"those of {datasets[i].prefix}", 1) for i in group[:-1]]  # its own copies
-        for h, holders in enumerate(groups):
+        one = nb == 1
+        found = [(i, f"{'that' if one else 'those'} of {datasets[i].prefix}", 1) for i in group[:-1]]  # its copies
+        for h in sorted(can_hold[g]):
+            holders = groups[h]
             na = len(datasets[holders[0]])
             if na <= nb:  # (equal lengths: the same only, and those are grouped)
                 continue
@@ -56,25 +62,28 @@ def repeated_inputs(datasets) -> list[str]:
                 found += [(i, f"{_spans(hits, nb)} of {na:,} of {datasets[i].prefix}", len(hits)) for i in holders]
         if found:
             times = sum(k for _, _, k in found)
-            lines.append((group[-1], f"{datasets[group[-1]].prefix}: its {count(nb, 'sequence', grouped=True)} are "
-                                     f"{_listed([text for _, text, _ in sorted(found)])}; joined, they are trained "
-                                     f"on {_times(times)}: drop {'one input' if times == 1 else 'the repeats'} "
-                                     f"unless you mean to repeat them"))
+            lines.append((group[-1], f"{datasets[group[-1]].prefix}: its {count(nb, 'sequence', grouped=True)} "
+                                     f"{'is' if one else 'are'} {_listed([text for _, text, _ in sorted(found)])}; "
+                                     f"joined, {'it is' if one else 'they are'} trained on {_times(times)}: drop "
+                                     f"{'one input' if times == 1 else 'the repeats'} unless you mean to repeat "
+                                     f"{'it' if one else 'them'}"))
     return [line for _, line in sorted(lines)] + _shared_runs(datasets, groups, inside)
 
 
-def _identical(datasets) -> list[list[int]]:
+def _identical(datasets, firsts) -> list[list[int]]:
     """The non-empty inputs' indices in groups of identical ones (each in input order, a group's line said for its
-    last), groups in the order their first comes: each input is compared with the first of each group of its
-    length only, never again with the copies already found."""
+    last), groups in the order their first comes: each input is compared only with the first of each group of its
+    length and first window's key (`window_keys.first_keys`), never again with the copies already found."""
     groups: list[list[int]] = []
+    alike: dict = {}  # (length, first window's key) -> the groups of such inputs
     for j, b in enumerate(datasets):
         if len(b) == 0:
             continue
-        same = next((g for g in groups if len(datasets[g[0]]) == len(b) and _repeat_at(datasets[g[0]], b) == [0]),
-                    None)
+        kind = alike.setdefault((len(b), int(firsts[j])), [])
+        same = next((g for g in kind if _repeat_at(datasets[g[0]], b) == [0]), None)
         if same is None:
             groups.append([j])
+            kind.append(groups[-1])
         else:
             same.append(j)
     return groups
@@ -89,8 +98,8 @@ def _repeat_at(a, b, j: int = 0, n: int | None = None) -> list[int]:
     na, n = len(a), len(b) - j if n is None else n
     sa, sb = np.asarray(a.sizes), np.asarray(b.sizes)[j : j + n]
     first, hits = np.asarray(b.get(j)), []
-    for c0 in range(0, na - n + 1, _CHUNK):  # (memory: a chunk's, not a's size)
-        c1 = min(na - n + 1, c0 + _CHUNK)
+    for c0 in range(0, na - n + 1, window_keys.CHUNK):  # (memory: a chunk's, not a's size)
+        c1 = min(na - n + 1, c0 + window_keys.CHUNK)
         starts = np.flatnonzero((sa[c0:c1] == sb[0]) & (sa[c0 + n - 1 : c1 + n - 1] == sb[-1])) + c0
         for at in {0, len(first) // 2} if len(first) else ():  # (the middle too: documents may all begin with BOS)
             offsets = np.asarray(a.pointers)[starts] // a.dtype.itemsize + at
@@ -103,9 +112,10 @@ def _repeat_at(a, b, j: int = 0, n: int | None = None) -> list[int]:
 
 
 def _spans(starts: list[int], n: int) -> str:
-    said = [f"{s:,} to {s + n - 1:,}" for s in starts[:_NAMED]]
+    said = [f"{s:,}" if n == 1 else f"{s:,} to {s + n - 1:,}" for s in starts[:_NAMED]]
     said += [count(len(starts) - _NAMED, "more place")] if len(starts) > _NAMED else []
-    return "sequences " + (said[0] if len(said) == 1 else f"{', '.join(said[:-1])} and {said[-1]}")
+    return ("sequence " if n == 1 and len(starts) == 1 else "sequences ") + \
+        (said[0] if len(said) == 1 else f"{', '.join(said[:-1])} and {said[-1]}")
 
 
 def _listed(said: list[str]) -> str:
@@ -118,22 +128,23 @@ def _times(others: int) -> str:
 
 
 def _shared_runs(datasets, groups, inside) -> list[str]:
-    """One line per run of at least `_RUN` sequences that an input holds among others of its own and other inputs
+    """One line per run of at least `RUN` sequences that an input holds among others of its own and other inputs
     hold too, neither inside the other (`ab` = a + b and `bc` = b + c: b), naming every place holding it (its own
-    input's other places too), found for each group of identical inputs through its first. Runs an input found
-    inside both holders accounts for are not said again. How: each input's windows of `_RUN` sequences get a key
-    (`_anchors`); 1 in ceil(windows / `_ANCHORS`) is kept by key (the same windows in every input: a run shorter
-    than a few times that stride may go unsaid), each key at its first window in its input; the keys of all inputs
-    are sorted together once, and those found in two inputs are anchors; a pair of inputs' anchors at one offset
-    are measured by `_grown`, for the `_CHECKED` offsets with most anchors per pair. Memory is bounded by
-    `_ANCHORS` (chunks of `_CHUNK` windows hashed at a time), not by the inputs' size. A run shorter than `_RUN`
-    is not found."""
+    input's other places, and inputs held inside another too: `_said`), found for each group of identical inputs
+    through its first, and said once. Runs an input found inside both holders accounts for are not said again.
+    How: each input's windows of `RUN` sequences get a key (`window_keys.anchors`); 1 in ceil(windows /
+    `window_keys.ANCHORS`) is kept by key (the same windows in every input: a run shorter than a few times that
+    stride may go unsaid), each key at its first window in its input; the keys of all inputs are sorted together
+    once, and those found in two inputs are anchors; a pair of inputs' anchors at one offset are measured by
+    `_grown`, for the `_CHECKED` offsets with most anchors per pair. Memory is bounded by `window_keys.ANCHORS`
+    (`window_keys.CHUNK` windows keyed at a time), not by the inputs' size. A run shorter than `RUN` is not
+    found."""
     reps = [g[0] for g in groups]
-    windows = sum(max(len(datasets[i]) - _RUN + 1, 0) for i in reps)
-    if not windows:  # (no input of `_RUN` sequences)
+    windows = sum(max(len(datasets[i]) - RUN + 1, 0) for i in reps)
+    if not windows:  # (no input of `RUN` sequences)
         return []
-    stride = np.uint64(max(-(-windows // _ANCHORS), 1))
-    parts = [_anchors(datasets[i], stride) for i in reps]
+    stride = np.uint64(max(-(-windows // window_keys.ANCHORS), 1))
+    parts = [window_keys.anchors(datasets[i], stride) for i in reps]
     owner = np.concatenate([np.full(len(k), g, np.int32) for g, (k, _) in enumerate(parts)])
     if not len(owner):  # (no window kept)
         return []
@@ -159,8 +170,11 @@ def _shared_runs(datasets, groups, inside) -> list[str]:
     pid, at, shift = pid[order], at[order], shift[order]
     pids, begin = np.unique(pid, return_index=True)
     runs: dict = {}  # (a, start, length) -> [b]
+    near: dict = {}  # group -> the groups it shares any anchor with (held inside or not): where `_said` looks
     for p, lo, hi in zip(pids.tolist(), begin.tolist(), [*begin[1:].tolist(), len(pid)]):
         ga, gb = divmod(p, len(reps))
+        near.setdefault(ga, set()).add(gb)
+        near.setdefault(gb, set()).add(ga)
         if (ga, gb) in inside or (gb, ga) in inside:
             continue
         offsets, first_at, n = np.unique(shift[lo:hi], return_index=True, return_counts=True)
@@ -170,101 +184,33 @@ def _shared_runs(datasets, groups, inside) -> list[str]:
             for run in _grown(datasets[reps[ga]], datasets[reps[gb]], np.sort(starts), d):
                 if not _accounted(ga, gb, run, inside, datasets, groups):
                     runs.setdefault((ga, *run), []).append(gb)
-    return [_said(datasets, groups, reps, ga, start, n, holders) for (ga, start, n), holders in sorted(runs.items())]
+    lines, spans = [], {}  # spans: group -> (start, stop) of each run said there
+    for ga, start, n in sorted(runs):
+        if not any(lo <= start and start + n <= hi for lo, hi in spans.get(ga, ())):  # (said from another input)
+            lines.append(_said(datasets, groups, reps, ga, start, n, sorted(near[ga]), spans))
+    return lines
 
 
-def _said(datasets, groups, reps, ga, start, n, holders) -> str:
-    """The line of a shared run, counting every place that holds it (`_repeat_at`): a source an input holds twice
-    is trained on once more for each."""
+def _said(datasets, groups, reps, ga, start, n, others, spans) -> str:
+    """The line of a shared run, counting every place that holds it (`_repeat_at`) in each of the `others`, those
+    held inside another too: a source an input holds twice is trained on once more for each. Each place is noted
+    in `spans`, so that the run is not said again from another input."""
     a = datasets[reps[ga]]
     own = [s for s in _repeat_at(a, a, start, n) if abs(s - start) >= n]
     said = [f"its {_spans(own, n)}"] if own else []
     times = len(groups[ga]) * (1 + len(own)) - 1
-    for gb in holders:
+    spans.setdefault(ga, []).extend((s, s + n) for s in [start, *own])
+    for gb in others:
         b = datasets[reps[gb]]
         places = _repeat_at(b, a, start, n)
-        said.append(f"{_spans(places, n)} of {len(b):,} of {b.prefix}")
-        times += len(groups[gb]) * len(places)
+        if places:
+            said.append(f"{_spans(places, n)} of {len(b):,} of {b.prefix}")
+            times += len(groups[gb]) * len(places)
+            spans.setdefault(gb, []).extend((s, s + n) for s in places)
     return (f"{a.prefix}: its sequences {start:,} to {start + n - 1:,} of {len(a):,} "
             f"({count(n, 'sequence', grouped=True)}) are {_listed(said)}; joined, they are trained on "
             f"{_times(times)}: preprocess {'one of them' if times == 1 else 'all but one'} again without "
             f"that source unless you mean to repeat them")
-
-
-def _anchors(ds, stride) -> tuple[np.ndarray, np.ndarray]:
-    """(keys, starts) of `ds`'s windows of `_RUN` sequences whose key is a multiple of `stride`, each key once, at
-    its first window (a source an input holds twice is still found where it first is). A window is keyed by its
-    lengths (`_RUN` multiply-adds); one whose lengths are all one (fixed-size windows) by its sequences' lengths
-    and first and middle tokens instead (two tokens read a sequence there: the middle one tells apart documents
-    that all begin with one BOS token). A window whose lengths recur in its input is keyed so too, besides by its
-    lengths (the same window in another input, unique there, has its lengths' key alone). Whether a window is kept
-    is decided by its key, never by the input around it, so each input keeps the same ones; an input's windows
-    are hashed `_CHUNK` at a time."""
-    sizes = np.asarray(ds.sizes)
-    n = len(sizes) - _RUN + 1
-    parts = []
-    for c0 in range(0, max(n, 0), _CHUNK):
-        lengths = sizes[c0 : min(n, c0 + _CHUNK) + _RUN - 1].astype(np.uint64)
-        hashes = _window_hashes(lengths)
-        changes = np.r_[0, np.cumsum(lengths[1:] != lengths[:-1])]
-        flat = changes[_RUN - 1 :] == changes[: len(hashes)]  # windows of one length
-        kept = np.flatnonzero(~flat & (hashes % stride == 0))
-        parts.append((hashes[kept], kept + c0, False))
-        if flat.any():
-            read = np.convolve(flat.astype(np.int8), np.ones(_RUN, np.int8))[: len(lengths)] > 0  # their sequences
-            keyed = np.zeros(len(lengths), np.uint64)
-            keyed[read] = _sequence_keys(ds, np.flatnonzero(read) + c0, lengths[read])
-            keyed = _window_hashes(keyed)[flat] ^ _SALT
-            kept = keyed % stride == 0
-            parts.append((keyed[kept], np.flatnonzero(flat)[kept] + c0, True))
-    if not parts:
-        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
-    plain, flat_keys = [p[:2] for p in parts if not p[2]], [p[:2] for p in parts if p[2]]
-    del parts
-    keys, at = (np.concatenate([p[x] for p in plain] or [np.zeros(0, t)]) for x, t in ((0, np.uint64), (1, np.int64)))
-    del plain
-    first, recur = _first_of_each(keys)  # (windows in order, chunk after chunk)
-    keys, at, recur = keys[first], at[first], at[recur]
-    rows = recur[:, None] + np.arange(_RUN)  # [windows, _RUN]: the sequences of the recurring windows
-    again = (_sequence_keys(ds, rows.ravel(), sizes[rows.ravel()].astype(np.uint64)).reshape(rows.shape)
-             * _WEIGHTS[:_RUN]).sum(axis=1, dtype=np.uint64) ^ _SALT  # as `_window_hashes` sums them
-    keyed, keyed_at = np.concatenate([again, *(k for k, _ in flat_keys)]), np.concatenate([recur, *(s for _, s in
-                                                                                                   flat_keys)])
-    del flat_keys, again
-    order = np.argsort(keyed_at, kind="stable")  # windows in order, so that a key's first is its first window
-    keyed, keyed_at = keyed[order], keyed_at[order]
-    first, _ = _first_of_each(keyed)
-    return np.concatenate([keys, keyed[first]]), np.concatenate([at, keyed_at[first]])
-
-
-def _first_of_each(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(where each key first is, where the keys found more than once are): indices into `keys`."""
-    order = np.argsort(keys, kind="stable")
-    ordered = keys[order]
-    new = np.r_[True, ordered[1:] != ordered[:-1]][: len(keys)]
-    del ordered
-    alone = new & np.r_[new[1:], True]
-    return order[new], order[~alone]
-
-
-def _sequence_keys(ds, idx: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """One uint64 for each sequence `idx` of `lengths`: its length, first and middle tokens (an empty one: 0)."""
-    keys = lengths.copy()
-    filled = lengths > 0
-    offsets = np.asarray(ds.pointers)[idx[filled]] // ds.dtype.itemsize
-    for token_at, weight in ((offsets, _WEIGHTS[_RUN]), (offsets + (lengths[filled] // 2).astype(np.int64),
-                                                         _WEIGHTS[_RUN + 1])):
-        keys[filled] += (np.asarray(ds.data[token_at]).astype(np.uint64) + np.uint64(1)) * weight
-    return keys
-
-
-def _window_hashes(keys: np.ndarray) -> np.ndarray:
-    """One uint64 for each window of `_RUN` consecutive keys (wrapping multiply-adds of fixed random weights)."""
-    n = len(keys) - _RUN + 1
-    out = np.zeros(n, np.uint64)
-    for j in range(_RUN):
-        out += keys[j : j + n] * _WEIGHTS[j]
-    return out
 
 
 def _grown(a, b, starts: np.ndarray, d: int) -> list[tuple[int, int]]:
@@ -281,15 +227,15 @@ def _grown(a, b, starts: np.ndarray, d: int) -> list[tuple[int, int]]:
     while len(starts) and len(runs) < _CHECKED:
         probes = np.unique(np.linspace(0, len(starts) - 1, min(len(starts), _PROBES)).round().astype(np.int64))
         seed = next((s for s in starts[probes[np.argsort(abs(probes - (len(starts) - 1) / 2), kind="stable")]].tolist()
-                     if np.array_equal(sa[s : s + _RUN], sb[s + d : s + d + _RUN]) and _same(a, s, b, s + d, _RUN)),
+                     if np.array_equal(sa[s : s + RUN], sb[s + d : s + d + RUN]) and _same(a, s, b, s + d, RUN)),
                     None)
         if seed is None:
             break
-        lo, hi = _lengths_alike(sa, sb, d, seed, x0, -1), _lengths_alike(sa, sb, d, seed + _RUN - 1, x1 - 1, 1)
-        start, stop = _edge(a, b, d, seed, lo, -1), _edge(a, b, d, seed + _RUN - 1, hi, 1) + 1
+        lo, hi = _lengths_alike(sa, sb, d, seed, x0, -1), _lengths_alike(sa, sb, d, seed + RUN - 1, x1 - 1, 1)
+        start, stop = _edge(a, b, d, seed, lo, -1), _edge(a, b, d, seed + RUN - 1, hi, 1) + 1
         if _same(a, start, b, start + d, stop - start):
             runs.append((start, stop - start))
-        starts = starts[(starts + _RUN <= start) | (starts >= stop)]  # (the seed's among them: it is not tried again)
+        starts = starts[(starts + RUN <= start) | (starts >= stop)]  # (the seed's among them: it is not tried again)
     return runs
 
 
@@ -297,7 +243,7 @@ def _lengths_alike(sa, sb, d: int, known: int, limit: int, way: int) -> int:
     """The farthest sequence from `known` towards `limit` with every length between alike in a and b."""
     at = known
     while at != limit:
-        nxt = limit if abs(limit - at) <= _CHUNK else at + way * _CHUNK
+        nxt = limit if abs(limit - at) <= window_keys.CHUNK else at + way * window_keys.CHUNK
         lo, hi = (at + 1, nxt + 1) if way > 0 else (nxt, at)
         differ = np.flatnonzero(sa[lo:hi] != sb[lo + d : hi + d])
         if len(differ):

@@ -1,0 +1,177 @@
+"""Keys of windows of consecutive sequences, by which `data/repeats.py` finds where two inputs may hold the same
+sequences without reading most of their tokens. A window's key is a function of its own sequences only, never of
+the input around it, so the same window has one key in every input: matching keys are where to compare tokens.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+RUN = 8  # sequences: the shortest run two inputs share that is looked for (its window of keys is the anchor)
+ANCHORS = 1 << 22  # windows kept over all inputs; past it 1 in ceil(windows / ANCHORS) is kept
+CHUNK = 1 << 18  # windows hashed at a time: an input's own windows are never all in memory
+_WEIGHTS = np.random.default_rng(1234).integers(1, 2**63, RUN + 2, dtype=np.uint64) | np.uint64(1)
+_SALT = np.uint64(0x9E3779B97F4A7C15)  # keeps a window keyed with tokens apart from one keyed by lengths alone
+
+
+def anchors(ds, stride) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, starts) of `ds`'s windows of `RUN` sequences whose key is a multiple of `stride`, each key once, at
+    its first window (a source an input holds twice is still found where it first is). A window is keyed by its
+    lengths; one whose lengths are all one (fixed-size windows) by its sequences' lengths and first and middle
+    tokens instead (`_by_tokens`), and none is kept whose sequences are all alike so (empty or padding documents
+    in a row: any two inputs may hold such a window without sharing a source). A window whose lengths' key recurs
+    in its chunk of `CHUNK` windows, or among the lengths' keys its input keeps, is keyed by its sequences too,
+    besides (the same window in another input, unique there, has its lengths' key alone): lengths that recur all
+    through an input (10, 20, 30, ...) still tell its windows apart. Whether a key is kept is decided by the key,
+    never by the input around it, so each input keeps the same ones. Memory: `CHUNK` windows are keyed at a
+    time, those recurring in their chunk there and then (each sequence read once); each chunk keeps each lengths'
+    key once, so a few lengths repeated all through an input cost a few entries, not one a window; a key found in
+    two chunks has its first windows keyed by their sequences after, `CHUNK` at a time."""
+    sizes = np.asarray(ds.sizes)
+    n = len(sizes) - RUN + 1
+    plain, keyed = [], []  # (keys, starts, keyed by tokens already) by lengths, each once a chunk; (keys, starts)
+    for c0 in range(0, max(n, 0), CHUNK):
+        lengths = sizes[c0 : min(n, c0 + CHUNK) + RUN - 1].astype(np.uint64)
+        keys, flat = window_hashes(lengths, RUN), _one_length(lengths, RUN)
+        ordered = np.sort(keys[~flat])
+        twice = ordered[1:][ordered[1:] == ordered[:-1]]  # lengths' keys found more than once in the chunk
+        tokens = flat | (np.isin(keys, np.unique(twice)) if len(twice) else False)  # keyed by tokens too
+        kept = np.flatnonzero(~flat & (keys % stride == 0))
+        if len(twice):  # (each key once, in window order: a key's first is its first window)
+            kept = kept[np.sort(first_of_each(keys[kept])[0])]
+        plain.append((keys[kept], kept + c0, tokens[kept]))
+        del ordered, twice, keys, kept
+        again, one = _by_tokens(ds, c0, lengths, RUN, tokens)
+        take = np.flatnonzero(tokens & ~one & (again % stride == 0))
+        keyed.append((again[take], take + c0))
+        del again, one, tokens, take
+    keys, at = _joined(plain)
+    done = np.concatenate([d for _, _, d in plain]) if plain else np.zeros(0, bool)
+    del plain
+    first, recur = first_of_each(keys)
+    keys, at, late = keys[first], at[first], np.sort(at[recur[~done[recur]]])  # late: recur in other chunks only
+    del first, recur, done
+    for c0 in range(0, len(late), CHUNK):
+        starts = late[c0 : c0 + CHUNK]
+        rows = (starts[:, None] + np.arange(RUN)).ravel()  # [windows * RUN]: the sequences of a chunk of them
+        each = sequence_keys(ds, rows, sizes[rows].astype(np.uint64)).reshape(len(starts), RUN)  # [windows, RUN]
+        again = np.zeros(len(starts), np.uint64)
+        for j in range(RUN):  # (as `window_hashes` sums them)
+            again += each[:, j] * _WEIGHTS[j]
+        again ^= _SALT
+        kept = again % stride == 0
+        keyed.append((again[kept], starts[kept]))
+        del rows, each, again
+    del late
+    again, again_at = _joined(keyed)
+    del keyed
+    order = np.argsort(again_at, kind="stable")  # windows in order, so that a key's first is its first window
+    again, again_at = again[order], again_at[order]
+    del order
+    first, _ = first_of_each(again)
+    return np.concatenate([keys, again[first]]), np.concatenate([at, again_at[first]])
+
+
+def first_keys(datasets) -> np.ndarray:
+    """Each input's key of its first window of min(its length, `RUN`) sequences (an empty input's: 0): an input
+    holding another holds this key where the other begins (`holders`), and identical inputs have one."""
+    keys = np.zeros(len(datasets), np.uint64)
+    for i, ds in enumerate(datasets):
+        width = min(len(ds), RUN)
+        if width:
+            keys[i] = _keyed(ds, 0, np.asarray(ds.sizes[:width]).astype(np.uint64), width)[0]
+    return keys
+
+
+def holders(datasets, firsts: np.ndarray) -> list[set[int]]:
+    """For each input, the larger inputs holding its first window's key (`first_keys`) at some window of its
+    width: only those can hold all of its sequences in a row (copies, of one length, are found apart:
+    `repeats._identical`). Each input's windows are keyed once for each width there is (min(length, `RUN`): one,
+    unless some inputs are shorter than `RUN`), `CHUNK` at a time, and looked up among the keys wanted, so n
+    inputs cost their windows' keying, not n * n comparisons."""
+    widths = np.array([min(len(ds), RUN) for ds in datasets])
+    found: list[set[int]] = [set() for _ in datasets]
+    for width in sorted(set(widths.tolist()) - {0}):
+        mine = np.flatnonzero(widths == width)
+        order = np.argsort(firsts[mine], kind="stable")
+        mine, wanted = mine[order], firsts[mine][order]
+        shortest = min(len(datasets[g]) for g in mine.tolist())
+        for h, ds in enumerate(datasets):
+            if len(ds) <= shortest:  # (holds none of them)
+                continue
+            sizes = np.asarray(ds.sizes)
+            n = len(sizes) - width + 1
+            for c0 in range(0, max(n, 0), CHUNK):
+                keys = _keyed(ds, c0, sizes[c0 : min(n, c0 + CHUNK) + width - 1].astype(np.uint64), width)
+                hit = np.unique(keys[np.isin(keys, wanted)])
+                for lo, hi in zip(np.searchsorted(wanted, hit, "left").tolist(),
+                                  np.searchsorted(wanted, hit, "right").tolist()):
+                    for g in mine[lo:hi].tolist():
+                        if len(datasets[g]) < len(ds):
+                            found[g].add(h)
+    return found
+
+
+def _keyed(ds, c0: int, lengths: np.ndarray, width: int) -> np.ndarray:
+    """The key of each window of `width` of `lengths` (ds's from sequence c0), as `anchors` keys it: by its
+    lengths, or where all are one length by its sequences (`_by_tokens`)."""
+    keys, flat = window_hashes(lengths, width), _one_length(lengths, width)
+    if flat.any():
+        keys[flat] = _by_tokens(ds, c0, lengths, width, flat)[0][flat]
+    return keys
+
+
+def _one_length(lengths: np.ndarray, width: int) -> np.ndarray:
+    """Whether each window of `width` of `lengths` has them all one."""
+    changes = np.r_[0, np.cumsum(lengths[1:] != lengths[:-1])]
+    return changes[width - 1 :] == changes[: len(lengths) - width + 1]
+
+
+def _by_tokens(ds, c0: int, lengths: np.ndarray, width: int, which: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(key, whether all alike) of each window of `width` of `lengths` (ds's from sequence c0) marked in `which`
+    (others: 0, False), by its sequences' lengths and first and middle tokens (`sequence_keys`: two tokens read
+    a sequence there; the middle one tells apart documents that all begin with one BOS token), each sequence read
+    once however many windows hold it; "all alike" is one sequence repeated by those keys (or empty ones)."""
+    keys, one = np.zeros(len(which), np.uint64), np.zeros(len(which), bool)
+    if which.any():
+        read = np.convolve(which.astype(np.int8), np.ones(width, np.int8))[: len(lengths)] > 0  # their sequences
+        each = np.zeros(len(lengths), np.uint64)
+        each[read] = sequence_keys(ds, np.flatnonzero(read) + c0, lengths[read])
+        keys[which] = window_hashes(each, width)[which] ^ _SALT
+        one[which] = _one_length(each, width)[which]
+    return keys, one
+
+
+def _joined(parts) -> tuple[np.ndarray, np.ndarray]:
+    if not parts:
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def first_of_each(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(where each key first is, where the keys found more than once are): indices into `keys`."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    new = np.r_[True, ordered[1:] != ordered[:-1]][: len(keys)]
+    del ordered
+    alone = new & np.r_[new[1:], True]
+    return order[new], order[~alone]
+
+
+def sequence_keys(ds, idx: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """One uint64 for each sequence `idx` of `lengths`: its length, first and middle tokens (an empty one: 0)."""
+    keys = lengths.copy()
+    filled = lengths > 0
+    offsets = np.asarray(ds.pointers)[idx[filled]] // ds.dtype.itemsize
+    for token_at, weight in ((offsets, _WEIGHTS[RUN]), (offsets + (lengths[filled] // 2).astype(np.int64),
+                                                        _WEIGHTS[RUN + 1])):
+        keys[filled] += (np.asarray(ds.data[token_at]).astype(np.uint64) + np.uint64(1)) * weight
+    return keys
+
+
+def window_hashes(keys: np.ndarray, width: int) -> np.ndarray:
+    """One uint64 for each window of `width` consecutive keys (wrapping multiply-adds of fixed random weights)."""
+    n = len(keys) - width + 1
+    out = np.zeros(max(n, 0), np.uint64)
+    for j in range(width):
+        out += keys[j : j + n] * _WEIGHTS[j]
+    return out
