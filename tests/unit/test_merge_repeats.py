@@ -213,3 +213,16 @@ def test_many_inputs_are_compared_only_where_one_may_hold_another(tmp_path, monk
         f"{tmp_path / 's39'}: its 3 sequences are sequences 10 to 12 of 50 of {tmp_path / 's07'}; joined, they are "
         "trained on twice: drop one input unless you mean to repeat them"]
     assert len([rest for rest in calls if not rest]) <= 4, len(calls)  # (whole inputs: 2 found, a chance or two)
+
+
+def test_a_source_whose_lengths_recur_in_some_inputs_is_said_once(tmp_path):
+    """s in `xs`, and in `ss1` and `yss2` next to its lengths with other tokens: there s's windows are keyed by
+    their tokens too, which only those two share, so s was said twice, the second time "twice" of ss1 and yss2
+    alone. One line now, 3 times."""
+    s = _docs(30, 1)
+    xs, ss1, yss2 = _open(tmp_path, xs=_docs(5, 2) + s, ss1=s + _other_tokens(s, 3),
+                          yss2=_docs(4, 4) + s + _other_tokens(s, 5))
+    assert repeats.repeated_inputs([xs, ss1, yss2]) == [
+        f"{tmp_path / 'xs'}: its sequences 5 to 34 of 35 (30 sequences) are sequences 0 to 29 of 60 of "
+        f"{tmp_path / 'ss1'} and sequences 4 to 33 of 64 of {tmp_path / 'yss2'}; joined, they are trained on 3 times: "
+        "preprocess all but one again without that source unless you mean to repeat them"]
