@@ -121,7 +121,8 @@ def test_identical_inputs_are_one_line_with_their_true_count_each_compared_once(
         "you mean to repeat them"]
     calls = []
     repeat_at = repeats._repeat_at
-    monkeypatch.setattr(repeats, "_repeat_at", lambda a, b: calls.append((a.prefix, b.prefix)) or repeat_at(a, b))
+    monkeypatch.setattr(repeats, "_repeat_at",
+                        lambda a, b, **kw: calls.append((a.prefix, b.prefix)) or repeat_at(a, b, **kw))
     assert len(repeats.repeated_inputs([x, y, z, w, big])) == 1
     assert len(calls) == 4, calls
 

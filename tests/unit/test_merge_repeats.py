@@ -199,20 +199,34 @@ def test_a_shared_run_counts_the_inputs_it_is_in_that_are_held_inside_another(tm
 def test_many_inputs_are_compared_only_where_one_may_hold_another(tmp_path, monkeypatch):
     """Each input was compared with each larger one, and with each of its length to find copies: 40 shards took
     40 * 39 / 2 comparisons (400 took 1.8 s, 2,000 some 100 s). Now only where the larger holds the smaller's first
-    window's key (its lengths, or its first and middle tokens where those are one): here the 2 inputs held inside
-    another (one of them shorter than a window), of 40."""
+    window's key (its lengths, or its first and middle tokens where those are one), and from where it is there:
+    here the 2 inputs held inside another (one of them shorter than a window), of 40; from every start where that
+    key is in too many places to list."""
     shards = [_docs(50, seed) for seed in range(36)] + [_docs(50 + seed, seed) for seed in range(36, 38)]
     shards += [_docs(3, 40)[:1] + shards[5] + _docs(2, 41), shards[7][10:13]]  # shard 5 inside, and 3 of shard 7
     inputs = _open(tmp_path, **{f"s{i:02d}": docs for i, docs in enumerate(shards)})
     calls = []
     repeat_at = repeats._repeat_at
-    monkeypatch.setattr(repeats, "_repeat_at", lambda a, b, *rest: calls.append(rest) or repeat_at(a, b, *rest))
+
+    def counted(a, b, *rest, **kw):
+        calls.append(list(rest) or (None if kw.get("starts") is None else kw["starts"].tolist()))
+        return repeat_at(a, b, *rest, **kw)
+
+    monkeypatch.setattr(repeats, "_repeat_at", counted)
     assert repeats.repeated_inputs(inputs) == [
         f"{tmp_path / 's05'}: its 50 sequences are sequences 1 to 50 of 53 of {tmp_path / 's38'}; joined, they are "
         "trained on twice: drop one input unless you mean to repeat them",
         f"{tmp_path / 's39'}: its 3 sequences are sequences 10 to 12 of 50 of {tmp_path / 's07'}; joined, they are "
         "trained on twice: drop one input unless you mean to repeat them"]
-    assert len([rest for rest in calls if not rest]) <= 4, len(calls)  # (whole inputs: 2 found, a chance or two)
+    assert calls == [[1], [10]], calls  # (whole inputs, each from where its first window's key is)
+    padded = [[5, 5]] * 12 + _docs(10, 42)  # a first window at 13 places in `more` (past a CHUNK of 4)
+    inputs += _open(tmp_path, padded=padded, more=[[5, 5]] * 8 + padded)
+    monkeypatch.setattr(window_keys, "CHUNK", 4)
+    calls.clear()
+    assert repeats.repeated_inputs(inputs)[2] == (
+        f"{tmp_path / 'padded'}: its 22 sequences are sequences 8 to 29 of 30 of {tmp_path / 'more'}; joined, they "
+        "are trained on twice: drop one input unless you mean to repeat them")
+    assert calls == [[1], [10], None], calls  # (the padded one from every start)
 
 
 def test_a_source_whose_lengths_recur_in_some_inputs_is_said_once(tmp_path):

@@ -44,19 +44,19 @@ def repeated_inputs(datasets) -> list[str]:
     groups = _identical(datasets, firsts)
     reps = [g[0] for g in groups]
     can_hold = window_keys.holders([datasets[i] for i in reps], firsts[reps]) if len(reps) > _DIRECT else \
-        [set(range(len(reps))) - {g} for g in range(len(reps))]
+        [dict.fromkeys(set(range(len(reps))) - {g}) for g in range(len(reps))]  # group -> {holder: starts or None}
     lines, inside = [], {}  # inside: (group of the held input, group holding it) -> each place it starts there
     for g, group in enumerate(groups):
         b = datasets[group[0]]
         nb = len(b)
         one = nb == 1
         found = [(i, f"{'that' if one else 'those'} of {datasets[i].prefix}", 1) for i in group[:-1]]  # its copies
-        for h in sorted(can_hold[g]):
+        for h, starts in sorted(can_hold[g].items()):
             holders = groups[h]
             na = len(datasets[holders[0]])
             if na <= nb:  # (equal lengths: the same only, and those are grouped)
                 continue
-            hits = _repeat_at(datasets[holders[0]], b)
+            hits = _repeat_at(datasets[holders[0]], b, starts=starts)
             if hits:  # in each of that group's copies alike
                 inside[g, h] = hits
                 found += [(i, f"{_spans(hits, nb)} of {na:,} of {datasets[i].prefix}", len(hits)) for i in holders]
@@ -89,18 +89,17 @@ def _identical(datasets, firsts) -> list[list[int]]:
     return groups
 
 
-def _repeat_at(a, b, j: int = 0, n: int | None = None) -> list[int]:
+def _repeat_at(a, b, j: int = 0, n: int | None = None, starts: np.ndarray | None = None) -> list[int]:
     """Every sequence of `a` from which b's sequences j to j + n - 1 (all of b's by default) follow, each past
     the last found, so that a repeat is counted as often as it is there. Every start is tried (sequences of equal
-    lengths make every start a candidate by length), a chunk of starts at a time, filtered cheaply first: the first
-    and last lengths, the first and middle tokens (a gather each), the first sequence's tokens, then the window of
-    lengths; a start past those is checked on the tokens (`_same`)."""
+    lengths make every start a candidate by length), or only `starts` (sorted) where they are known, a chunk of
+    starts at a time, filtered cheaply first: the first and last lengths, the first and middle tokens (a gather
+    each), the first sequence's tokens, then the window of lengths; a start past those is checked on the tokens
+    (`_same`)."""
     na, n = len(a), len(b) - j if n is None else n
     sa, sb = np.asarray(a.sizes), np.asarray(b.sizes)[j : j + n]
     first, hits = np.asarray(b.get(j)), []
-    for c0 in range(0, na - n + 1, window_keys.CHUNK):  # (memory: a chunk's, not a's size)
-        c1 = min(na - n + 1, c0 + window_keys.CHUNK)
-        starts = np.flatnonzero((sa[c0:c1] == sb[0]) & (sa[c0 + n - 1 : c1 + n - 1] == sb[-1])) + c0
+    for starts in _by_lengths(sa, sb, na - n + 1, starts):
         for at in {0, len(first) // 2} if len(first) else ():  # (the middle too: documents may all begin with BOS)
             offsets = np.asarray(a.pointers)[starts] // a.dtype.itemsize + at
             starts = starts[np.asarray(a.data[offsets]) == first[at]]
@@ -109,6 +108,19 @@ def _repeat_at(a, b, j: int = 0, n: int | None = None) -> list[int]:
                     np.array_equal(sa[k : k + n], sb) and _same(a, k, b, j, n):
                 hits.append(k)
     return hits
+
+
+def _by_lengths(sa, sb, stop: int, listed):
+    """Starts before `stop` whose first and last lengths are sb's: of `listed` where given, else of every start,
+    a chunk at a time (memory: a chunk's, not a's size)."""
+    n = len(sb)
+    if listed is not None:
+        listed = listed[listed < stop]
+        yield listed[(sa[listed] == sb[0]) & (sa[listed + n - 1] == sb[-1])]
+        return
+    for c0 in range(0, stop, window_keys.CHUNK):
+        c1 = min(stop, c0 + window_keys.CHUNK)
+        yield np.flatnonzero((sa[c0:c1] == sb[0]) & (sa[c0 + n - 1 : c1 + n - 1] == sb[-1])) + c0
 
 
 def _spans(starts: list[int], n: int) -> str:

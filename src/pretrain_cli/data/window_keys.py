@@ -82,14 +82,15 @@ def first_keys(datasets) -> np.ndarray:
     return keys
 
 
-def holders(datasets, firsts: np.ndarray) -> list[set[int]]:
+def holders(datasets, firsts: np.ndarray) -> list[dict[int, np.ndarray | None]]:
     """For each input, the larger inputs holding its first window's key (`first_keys`) at some window of its
-    width: only those can hold all of its sequences in a row (copies, of one length, are found apart:
-    `repeats._identical`). Each input's windows are keyed once for each width there is (min(length, `RUN`): one,
-    unless some inputs are shorter than `RUN`), `CHUNK` at a time, and looked up among the keys wanted, so n
-    inputs cost their windows' keying, not n * n comparisons."""
+    width, each with those windows' starts (None past `CHUNK` of them: every start is a candidate then): only
+    those inputs can hold all of its sequences in a row, and only from those starts (copies, of one length, are
+    found apart: `repeats._identical`). Each input's windows are keyed once for each width there is (min(length,
+    `RUN`): one, unless some inputs are shorter than `RUN`), `CHUNK` at a time, and looked up among the keys
+    wanted, so n inputs cost their windows' keying, not n * n comparisons."""
     widths = np.array([min(len(ds), RUN) for ds in datasets])
-    found: list[set[int]] = [set() for _ in datasets]
+    found: list[dict] = [{} for _ in datasets]
     for width in sorted(set(widths.tolist()) - {0}):
         mine = np.flatnonzero(widths == width)
         order = np.argsort(firsts[mine], kind="stable")
@@ -102,13 +103,24 @@ def holders(datasets, firsts: np.ndarray) -> list[set[int]]:
             n = len(sizes) - width + 1
             for c0 in range(0, max(n, 0), CHUNK):
                 keys = _keyed(ds, c0, sizes[c0 : min(n, c0 + CHUNK) + width - 1].astype(np.uint64), width)
-                hit = np.unique(keys[np.isin(keys, wanted)])
-                for lo, hi in zip(np.searchsorted(wanted, hit, "left").tolist(),
-                                  np.searchsorted(wanted, hit, "right").tolist()):
-                    for g in mine[lo:hi].tolist():
+                at = np.flatnonzero(np.isin(keys, wanted))
+                at = at[np.argsort(keys[at], kind="stable")]  # (grouped by key, each key's in order)
+                hit, begin = np.unique(keys[at], return_index=True)
+                for key, lo, hi in zip(hit.tolist(), begin.tolist(), [*begin[1:].tolist(), len(at)]):
+                    for g in mine[np.searchsorted(wanted, key, "left") : np.searchsorted(wanted, key, "right")]:
                         if len(datasets[g]) < len(ds):
-                            found[g].add(h)
-    return found
+                            _add(found[int(g)], h, at[lo:hi] + c0)
+    return [{h: None if starts is None else np.concatenate(starts) for h, starts in f.items()} for f in found]
+
+
+def _add(found: dict, h: int, starts: np.ndarray) -> None:
+    """Note `starts` in input h, or that h has too many (past `CHUNK`) to list."""
+    if h in found and found[h] is None:
+        return
+    listed = found.setdefault(h, [])
+    listed.append(starts)
+    if sum(map(len, listed)) > CHUNK:
+        found[h] = None
 
 
 def _keyed(ds, c0: int, lengths: np.ndarray, width: int) -> np.ndarray:
