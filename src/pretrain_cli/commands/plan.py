@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 from pretrain_cli.errors import UserError
@@ -196,6 +197,37 @@ def _token_count(text: str, overrides: list[str]) -> float:
     return tokens
 
 
+SAY_AFTER = 2.0  # seconds a layout search is projected to take from which it says so
+
+
+class Searching:
+    """`planning.fit.search`'s progress (`progress(total, what)`): once the first candidates project the search to
+    take more than SAY_AFTER seconds (DeepSeek-V3 on 224 H100: 8,580 candidates a search, minutes; a small model's
+    thousands take one), one line on stderr saying what it searches (stdout stays the report, or the one JSON
+    object), and on a terminal tqdm's bar from there, cleared when the search ends."""
+
+    def __init__(self, total: int, what: str):
+        self.total, self.what, self.done, self.start, self.bar = total, what, 0, time.monotonic(), None
+        self.said = False
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif not self.said and self.done >= 32 and (time.monotonic() - self.start) / self.done * self.total > SAY_AFTER:
+            self.said = True
+            print(f"plan: searching {self.total:,} candidate layouts ({self.what}) for the ones that fit",
+                  file=sys.stderr, flush=True)
+            if sys.stderr.isatty():
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=self.total, initial=self.done, file=sys.stderr, unit="layout", leave=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def main(ns: argparse.Namespace) -> int:
     # --fit's own options are refused without it, not ignored: the user meant them to change something
     if ns.output is not None and not ns.fit:
@@ -215,16 +247,16 @@ def main(ns: argparse.Namespace) -> int:
     node = hardware.Node(ns.gpus_per_node, ns.cross_node_gbps)
     if ns.tokens is not None:  # a step's tokens as this target runs the file (its data ranks), then the steps
         tokens = _token_count(ns.tokens, ns.overrides)
-        per_step = planned.from_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops,
-                                     node=node).tokens_per_step  # (--fit keeps the global batch: the same steps)
+        per_step = planned.from_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, False,
+                                     peak_tflops=ns.peak_tflops, node=node).tokens_per_step  # (--fit keeps the global batch: the same steps)
         ns.overrides = [*ns.overrides, "--max_steps", str(math.ceil(tokens / per_step))]
     if not ns.fit:
         r = planned.from_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops,
-                              node=node, measured_mfu=ns.measured_mfu)
+                              node=node, measured_mfu=ns.measured_mfu, progress=Searching)
         print(json.dumps(r.to_json(), indent=2) if ns.json else format_report(r))
         return 0
     args, f = planned.fit_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, margin, ns.peak_tflops,
-                               node=node)
+                               node=node, progress=Searching)
     if ns.output and f["after"] is not None:  # every key written is in the printed changes: the command line's too
         said, given = write_fitted(args, f["change"], ns.output, ns.device, ns.tokens)
         f = {**f, "given": given}

@@ -125,16 +125,16 @@ def _resolved(args: Arguments, model_cfg, device: Device, gpus: int, candidate: 
 def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
          suggest_changes: bool = True, baseline_bytes: float = 0.0, peak_tflops: float | None = None,
          node: hardware.Node = hardware.Node(), candidate: bool = False, layout: bool = True,
-         measured_mfu: float | None = None) -> Plan:
+         measured_mfu: float | None = None, progress=None) -> Plan:
     """The plan (`Plan.to_json` is what `plan --json` prints), with suggestions (each re-resolved) when the run
     does not fit. The command's flags were checked where they came in (`check_flags`): not again per candidate.
     `candidate`: a layout the search tries (`Target.candidate`); `layout`: with the groups of ranks (`Plan.layout`,
     which the speed model's links read; the memory does not); `measured_mfu`: the ETA at it (`eta.at_measured_mfu`),
-    before the notes that quote it."""
+    before the notes that quote it; `progress`: the search's (`fit.search`), where no one key fits."""
     dev = target_device(device, node, gpus)
     run = _resolved(args, model_cfg, dev, gpus, candidate)
     out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops,
-                 rank_groups(run.parallel) if layout else None)
+                 rank_groups(run.parallel) if layout else None, shown=not candidate)
     out = at_measured_mfu(out, measured_mfu) if measured_mfu is not None else out
     words = attention_words(run.kernels, run.device, run.data.attention_mask_type, run.parallel.cp_degree)
     advice = () if candidate else _advice(args, run, out, dev, mfu, peak_tflops)  # (a candidate's are never shown)
@@ -145,7 +145,7 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
         budget = out.device.memory_gib * (1 - fit_search.DEFAULT_MARGIN)  # `--fit`'s: one budget, one answer
         found = suggest(run, out, within_budget(out, replan, budget))
         if not any(s["fits"] for s in found):  # no one key fits (or the machine line): several together, else
-            first = _layout_or_more_devices(args, out, replan, budget)  # more devices, first
+            first = _layout_or_more_devices(args, out, replan, budget, progress)  # more devices, first
             if not first and found and found[0].get("machine"):  # no count of machines fits either: not offered
                 lean = fit_search.leanest(_current(args), out, replan)
                 found[0] = {**found[0], "why": machine_too_small(out, (lean, budget))}
@@ -176,7 +176,8 @@ def checkpoint_advice(c: CheckpointPlan, limit: int | None, output_dir: str | No
 
 def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
         margin: float = fit_search.DEFAULT_MARGIN, peak_tflops: float | None = None, budget_gib: float | None = None,
-        baseline_bytes: float = 0.0, node: hardware.Node = hardware.Node(), levels: bool = True) -> dict:
+        baseline_bytes: float = 0.0, node: hardware.Node = hardware.Node(), levels: bool = True,
+        progress=None) -> dict:
     """The fastest layout that fits (`planning.fit.fit`), every candidate re-resolved by `train`'s rules.
 
     `budget_gib` replaces device memory × (1 − margin) (the out-of-memory hint of `train` passes a lower one).
@@ -196,7 +197,8 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     replan = _replanner(searched, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
     budget = base.device.memory_gib * (1 - margin) if budget_gib is None else budget_gib
     carried = [(k, args.get(k), v) for k, v in precision.items()]
-    found = fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path)
+    found = fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path,
+                           progress)
     if not levels or base.precision.amp_level != "O1" or not base.device.peak_tflops:
         return found
     if "fp16_opt_level" in args.explicit:  # the file's level is kept: O2's search (40 % of the time) not run
@@ -207,7 +209,8 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     o2_base = plan(o2_args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops, node)
     o2 = fit_search.fit(current, o2_base, as_written, _replanner(o2_args, model_cfg, device, gpus, mfu,
                                                                  baseline_bytes, peak_tflops, node),
-                        budget, margin, [*carried, ("fp16_opt_level", "O1", "O2")], list(notes), args.config_path)
+                        budget, margin, [*carried, ("fp16_opt_level", "O1", "O2")], list(notes), args.config_path,
+                        progress)
     return pick_precision(found, o2, base.precision.amp_dtype, bool(searched.training.amp_master_grad))
 
 
@@ -222,7 +225,7 @@ def _current(args: Arguments) -> dict:
     return current
 
 
-def _layout_or_more_devices(args: Arguments, base: Plan, replan, budget: float) -> list[dict]:
+def _layout_or_more_devices(args: Arguments, base: Plan, replan, budget: float, progress=None) -> list[dict]:
     """The suggestion to put first when no single key fits: `--fit`'s search ranked by the fewest changed keys,
     then by speed (`fit.rank`), so its keys are the fastest layout of the fewest keys that fit the devices asked
     for together (tensor, pipeline, expert degrees with the rest), else the fewest devices (`fit.fewest_devices`,
@@ -231,7 +234,7 @@ def _layout_or_more_devices(args: Arguments, base: Plan, replan, budget: float) 
     `budget` (its default margin), so `plan` and `plan --fit` give one answer: the layout with `--fit`'s eval change
     (`fit.fit_eval`), as the search fits an evaluation of 1 and the file's eval batch may be over the budget there."""
     current = _current(args)
-    found = fit_search.search(current, base, replan, budget, fewest_first=True)
+    found = fit_search.search(current, base, replan, budget, fewest_first=True, progress=progress)
     if (best := found["best"]) is not None:
         r = best["report"]
         fastest = "; --fit ranks all of them by speed" if base.device.peak_tflops is not None else ""
@@ -336,26 +339,28 @@ def file_gpus(args: Arguments, gpus: int | None, node: hardware.Node) -> tuple[i
 def from_file(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE,
               gpus: int | None = 1, mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
               peak_tflops: float | None = None, node: hardware.Node = hardware.Node(),
-              measured_mfu: float | None = None) -> Plan:
+              measured_mfu: float | None = None, progress=None) -> Plan:
     """`plan`'s report of an argument file (`--json` prints its `to_json()`), with suggestions when the run does
     not fit: the command's flags checked once, the file parsed once. `gpus` None: the file's (`file_gpus`).
-    `measured_mfu`: the mfu `train` logged for this layout, which then gives the ETA (`eta.at_measured_mfu`)."""
+    `measured_mfu`: the mfu `train` logged for this layout, which then gives the ETA (`eta.at_measured_mfu`);
+    `progress`: the search's where no one key fits (`fit.search`)."""
     check_flags(device, gpus, mfu, peak_tflops, node=node, measured_mfu=measured_mfu)
     args, model_cfg = parse(config, overrides)
     gpus, said = file_gpus(args, gpus, node)
     out = plan(args, model_cfg, device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops, node,
-               measured_mfu=measured_mfu)
+               measured_mfu=measured_mfu, progress=progress)
     return dataclasses.replace(out, notes=(*said, *out.notes)) if said else out
 
 
 def fit_file(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE,
              gpus: int | None = 1, mfu: float | None = None, margin: float = fit_search.DEFAULT_MARGIN,
              peak_tflops: float | None = None, budget_gib: float | None = None, baseline_bytes: float = 0.0,
-             node: hardware.Node = hardware.Node()) -> tuple[Arguments, dict]:
+             node: hardware.Node = hardware.Node(), progress=None) -> tuple[Arguments, dict]:
     """(the parsed arguments, `plan --fit`'s result for an argument file): the flags checked once, the file
-    parsed once. `gpus` None: the file's (`file_gpus`)."""
+    parsed once. `gpus` None: the file's (`file_gpus`). `progress`: each search's (`fit.search`)."""
     check_flags(device, gpus, mfu, peak_tflops, margin, node)
     args, model_cfg = parse(config, overrides)
     gpus, said = file_gpus(args, gpus, node)
-    f = fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes, node)
+    f = fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes, node,
+            progress=progress)
     return args, {**f, "notes": [*said, *f["notes"]]} if said else f

@@ -42,15 +42,20 @@ def head_forward_bytes(e: Setup) -> float:
     return tokens * vocab * (c + 4 + (4 if c != 4 else 0)) / e.vocab_tp  # (fp32 logits are their own fp32 copy)
 
 
-def forward_bytes(e: Setup, stage: int = 0) -> float:
+def forward_bytes(e: Setup, stage: int = 0, by_kind: dict | None = None) -> float:
     """The eval forward's working set on pipeline stage `stage` (one stage: the model): its largest decoder layer's
     tensors for the eval batch (`layer_bytes` without recompute: all a layer would keep), or on the last stage the
-    final norm and the head + loss, whichever is more; with document masking its fields."""
+    final norm and the head + loss, whichever is more; with document masking its fields. `by_kind`: {sparse: a
+    layer's bytes} kept across the stages of one `e` (a layer's depend on its kind only)."""
     cfg = e.model
     layers = stage_layers(cfg.num_hidden_layers, e.pp, e.vpp)[stage]
     sparse = set(cfg.sparse_layers)
     kinds = {i in sparse: i for i in layers}  # one layer of each kind the stage runs
-    layer = max((layer_bytes(e, (i,))[0] for i in kinds.values()), default=0.0)
+    by_kind = {} if by_kind is None else by_kind
+    for kind, i in kinds.items():
+        if kind not in by_kind:
+            by_kind[kind] = layer_bytes(e, (i,))[0]
+    layer = max((by_kind[kind] for kind in kinds), default=0.0)
     head = final_norm_bytes(e) + head_forward_bytes(e) if stage == e.pp - 1 else 0.0
     return max(layer, head) + document_mask_bytes(e)
 
@@ -60,13 +65,13 @@ def eval_parts(s: Setup, eval_batch: int, stages: list[dict]) -> dict[str, float
     stage, `memory.pipeline_stages`, or [`memory.estimate`] for one): "held" between steps, the eval batch's
     "forward" and the "framework" (on a GPU the CUDA context and the allocator's fragmentation of the rest)."""
     e = dataclasses.replace(s, micro_batch=eval_batch, recompute=None, micro_batches=1)
-    out = []
+    out, by_kind = [], {}
     for stage, parts in enumerate(stages):
         held = sum(parts.get(k, 0.0) for k in HELD)
         if s.amp_level == "O1":  # autocast's half casts live from a forward to its backward: no backward here
             n = stage_params(s, stage) if s.pp > 1 else _device_params(s)
             held -= _half_copies(s, n, stage) * s.compute_bytes
-        step = {"held": held, "forward": forward_bytes(e, stage)}
+        step = {"held": held, "forward": forward_bytes(e, stage, by_kind)}
         step["framework"] = (s.baseline_bytes if s.device == "cpu"
                              else FRAMEWORK_GIB * GIB + FRAGMENTATION * sum(step.values()))
         out.append(step)

@@ -27,6 +27,7 @@ from pretrain_cli.models.recompute import GRANULARITIES as RECOMPUTE
 
 from pretrain_cli.planning.layout import tp_inside_node
 from pretrain_cli.planning.suggestions import FIT_MARGIN, MAX_DEVICES, machine_too_small, more_devices
+from pretrain_cli.planning.plan import TOO_SMALL
 from pretrain_cli.planning.report import Plan
 from pretrain_cli.planning.speed import speed, traffic_bound
 
@@ -35,6 +36,7 @@ SEARCHED_RECOMPUTE = (None, *reversed(RECOMPUTE))  # off, then least to most rec
 # shorter sequences' activations fit a device next to any layout's weights; below it CP only adds traffic
 CONTEXT_MIN_SEQ = 8192
 MICRO_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps")
+STEP_KEYS = ("recompute", "recompute_granularity", "use_flash_attention")  # with MICRO_KEYS: not the split's
 
 
 def _divisors(n: int) -> list[int]:
@@ -122,33 +124,49 @@ def _layout(r: dict) -> tuple:
             p.sharding_degree, p.pp, p.cp, p.sequence_parallel, p.ep)  # (sequence parallelism: a layout of its own)
 
 
-def search(current: dict, base: Plan, replan, budget_gib: float, fewest_first: bool = False) -> dict:
+def search(current: dict, base: Plan, replan, budget_gib: float, fewest_first: bool = False,
+           progress=None) -> dict:
     """The best candidate whose predicted memory is within `budget_gib` (`rank`: the fastest, or with
     `fewest_first` the fastest of those with the fewest changed keys, `plan`'s suggestion; where `base`'s device has
-    no known peak, the fewest changes), and the smallest.
+    no known peak, the fewest changes), and the smallest. `progress(total, what)`: an object whose `update(1)` is
+    called per candidate and `close()` at the end (`commands.plan`'s line and bar), or None.
 
     Returns {"best": entry | None, "smallest": entry | None, "tried": n, "valid": n, "skipped": n}; an entry is
-    {"change", "report", "speed"} (speed None where it does not fit). "skipped": the candidates not planned, a larger
-    micro-batch of a layout already over the budget (`grows_with_micro_batch`): at 8,192 tokens on 64 H100s
-    Llama-3.1-70B's search plans 2,562 of its 7,965 candidates (1.8-2.0 s, all of them 6.7-8.1 s, timed on a 2-core
-    machine under other jobs' load), the same pick.
+    {"change", "report", "speed"} (speed None where it does not fit). "skipped": the candidates not planned, as no
+    plan of them can fit or be the smallest: a larger micro-batch of a layout already over the budget
+    (`grows_with_micro_batch`), and every candidate of a split whose state alone is over the budget and over the
+    least memory planned so far (`state_floor`). DeepSeek-V3 at 4,096 tokens on 224 H100 (--fit, O1 and O2
+    searched): 8.5 s of CPU, 128 s with the micro-batch skip alone (docs/PLAN.md); the same pick
+    (tests/unit/test_plan_fit_pruning.py).
     """
     seen: dict[tuple, dict] = {}
     tried = skipped = 0
     # a candidate's keys but the micro-batch's -> (the least micro-batch over the budget, its number of changes)
     too_big: dict[frozenset, tuple[int, int]] = {}
-    for change in [{}] + candidates(current, base.global_batch, base.gpus, base.max_seq_length, base.model.experts,
-                                    base.device.links.gpus_per_node):
+    floors: dict[frozenset, float] = {}  # a split's keys -> the GiB each of its candidates needs at least
+    least = float("inf")  # the least memory of a candidate planned so far (`smallest` is no larger)
+    todo = [{}] + candidates(current, base.global_batch, base.gpus, base.max_seq_length, base.model.experts,
+                             base.device.links.gpus_per_node)
+    bar = progress(len(todo), f"{base.gpus} x {base.device.name}, {base.precision.amp_level or 'fp32'}") \
+        if progress is not None else None
+    for change in todo:
+        if bar is not None:
+            bar.update(1)
         rest = frozenset((k, v) for k, v in change.items() if k not in MICRO_KEYS)
+        split = frozenset((k, v) for k, v in rest if k not in STEP_KEYS)
         micro = change.get("per_device_train_batch_size", current["per_device_train_batch_size"])
         over, changes = too_big.get(rest, (micro, 0))
         if micro > over and len(change) >= changes:  # (`candidates` proposes a layout's micro-batches rising)
             skipped += 1  # no smaller than that one (as small, it would be the smallest only with fewer changes)
             continue
+        if floors.get(split, 0.0) > max(budget_gib, least):  # neither fits nor is the smallest
+            skipped += 1
+            continue
         tried += 1
         r = base if not change else replan(change)
         if r is None:
             continue
+        floors[split], least = max(floors.get(split, 0.0), state_floor(r)), min(least, r.least_gib)
         if r.peak_gib > budget_gib and grows_with_micro_batch(r) and micro < too_big.get(rest, (micro + 1,))[0]:
             too_big[rest] = (micro, len(change))
         key = _layout(r)
@@ -156,11 +174,27 @@ def search(current: dict, base: Plan, replan, budget_gib: float, fewest_first: b
             continue
         fits = r.least_gib <= budget_gib  # steady state, start-up and an evaluation of 1 (`fit_eval` lowers it)
         seen[key] = {"change": change, "report": r, "speed": speed(r) if fits else None}  # (ranks only what fits)
+    if bar is not None:
+        bar.close()
     entries = list(seen.values())
     fitting = [e for e in entries if e["speed"] is not None]
     best = min(fitting, key=lambda e: rank(e, base.device.peak_tflops is not None, fewest_first), default=None)
     smallest = min(entries, key=lambda e: (e["report"].least_gib, len(e["change"])), default=None)
     return {"best": best, "smallest": smallest, "tried": tried, "valid": len(entries), "skipped": skipped}
+
+
+def state_floor(r: Plan) -> float:
+    """GiB no candidate of `r`'s split (the same keys but micro-batch, accumulation, recompute and attention: `search`)
+    needs less than: its fullest stage's weights, gradients, optimizer state, master weights and DDP buffers, which
+    those keys do not move (`memory._parts`: parameters and sharding only). That stage holds them in every candidate
+    of the split, and a candidate's peak is at least that stage's. Under O1 the weights' half casts come and go with
+    the fused head + loss, so its fp32 weights are counted by the gradients, also fp32 and no more sharded than
+    they are below ZeRO-3 (at it, not at all)."""
+    parts = r.memory_breakdown_gib
+    weights = parts.get("weights", 0.0) if r.precision.amp_level != "O1" else \
+        parts.get("gradients", 0.0) if r.parallel.sharding_stage < 3 else 0.0
+    return weights + sum(parts.get(k, 0.0) for k in ("gradients", "optimizer_state", "master_weights",
+                                                     "gradient_buffers"))
 
 
 def rank(entry: dict, by_speed: bool, fewest_first: bool = False) -> tuple:
@@ -191,7 +225,8 @@ def grows_with_micro_batch(r: Plan) -> bool:
 
 
 def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, margin: float,
-        carried: list[tuple] = (), notes: list[str] | None = None, config: str | None = None) -> dict:
+        carried: list[tuple] = (), notes: list[str] | None = None, config: str | None = None,
+        progress=None) -> dict:
     """`plan --fit`'s result: `search` over `replan(change, gpus) -> Plan | None`, the diff against `current`,
     and when nothing fits the smallest layout and the fewest devices within the budget (`fewest_devices`), on cpu
     with the line saying where the model's state alone exceeds the machines planned (`suggestions.machine_too_small`).
@@ -203,7 +238,7 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
     if not by_speed:
         notes.append(f"speed: no estimate ({base.device.peak_source}; --peak_tflops gives one), so of the "
                      f"layouts that fit the one with the fewest changes is chosen, not the fastest")
-    found = search(current, base, replan, budget_gib)
+    found = search(current, base, replan, budget_gib, progress=progress)
     best, small = found["best"], found["smallest"]
     out = {"config": config, "device": dataclasses.asdict(base.device), "gpus": base.gpus, "margin": margin,
            "experts": base.model.experts,
@@ -214,7 +249,8 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
            "after": None, "change": None, "diff": [], "eval": None, "smallest": None, "more_devices": None,
            "machine": None, "notes": notes,
            "ranked_by": "speed" if by_speed else "fewest changes"}
-    if best is not None:
+    if best is not None:  # its speed as `plan` of the fitted file would qualify it (`plan.too_small_note`)
+        out["notes"] = notes + [n for n in best["report"].notes if n.startswith(TOO_SMALL) and n not in notes]
         evaluation = fit_eval(current, best, replan, budget_gib, as_written.parallel.data_ranks)
         change = {**best["change"], **evaluation.get("change", {})}
         out.update(after={"memory_gib": best["report"].memory_gib, "startup_gib": best["report"].startup_gib,

@@ -41,7 +41,8 @@ def format_fit(f: dict) -> str:
              f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel, pipeline"
              + (", context-parallel or expert-parallel degree)" if f.get("experts")
                 else " or context-parallel degree)")
-             + (f"; {f['skipped']} more skipped: larger micro-batches of layouts already over the budget"
+             + (f"; {f['skipped']} more skipped: layouts whose state alone, or a smaller micro-batch of them, is "
+                f"over the budget"
                 if f.get("skipped") else "")]
     ln = dev["links"]
     if f["gpus"] > 1:  # one device sends nothing

@@ -136,6 +136,7 @@ def peak(run: RunConfig, device: Device, peak_tflops: float | None = None) -> tu
 # each costing ~10 us of host dispatch and launch however little it computes; and matmuls narrower than
 # SMALL_HIDDEN run far below a GPU's peak (too little work per tile to fill the device).
 KERNELS_PER_LAYER, LAUNCH_SECONDS, SMALL_HIDDEN = 60, 10e-6, 512
+TOO_SMALL = "speed: this model is too small for the FLOPs model"  # `too_small_note`'s, which `plan --fit` repeats
 
 
 def too_small_note(cfg, flops_per_micro_step: float, flops_per_second: float) -> list[str]:
@@ -151,7 +152,7 @@ def too_small_note(cfg, flops_per_micro_step: float, flops_per_second: float) ->
                    f"~{kernels} kernels (~{kernels * LAUNCH_SECONDS * 1e3:.2g} ms)")
     if not why:
         return []
-    return [f"speed: this model is too small for the FLOPs model ({'; '.join(why)}), so the ETA and tokens/s are "
+    return [f"{TOO_SMALL} ({'; '.join(why)}), so the ETA and tokens/s are "
             f"far too optimistic; time a few steps instead"]
 
 
@@ -164,9 +165,12 @@ def default_mfu(run: RunConfig, cfg, device: Device) -> float:
 
 
 def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, baseline_bytes: float = 0.0,
-           config: str | None = None, peak_tflops: float | None = None, groups: dict | None = None) -> Plan:
+           config: str | None = None, peak_tflops: float | None = None, groups: dict | None = None,
+           shown: bool = True) -> Plan:
     """The whole plan (`Plan.to_json` is what `plan --json` prints). `groups` ({"tp" | "pp" | "data": the groups
-    of ranks along each axis}, from the run's rank rule) explains how the ranks fall onto nodes (`layout`)."""
+    of ranks along each axis}, from the run's rank rule) explains how the ranks fall onto nodes (`layout`).
+    `shown` False: a candidate layout of a search, never printed, without the multi-token prediction modules' share
+    (`mtp_share`, which plans the model again without them: a third of a DeepSeek-V3 candidate's time)."""
     from pretrain_cli.models.flops import flops_per_token, paddlenlp_flops_per_token, param_counts
 
     setup = setup_for(run, model_cfg, device, baseline_bytes)
@@ -220,7 +224,7 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
         checkpoint=checkpoint_plan(run, cfg),
         mfu=mfu, mfu_given=mfu_given, eta_hours=None, notes=tuple(notes),
         layout=layout.explain(par, groups, device.node.gpus) if groups else None,
-        mtp=mtp_share(setup, s, parts, model_fpt), stages=stages,
+        mtp=mtp_share(setup, s, parts, model_fpt) if shown else {}, stages=stages,
         eval_batch=lp.eval_batch if evaluates else 0,
         eval_breakdown_gib={k: v / GIB for k, v in evaluation.items()},
         eval_memory_gib=sum(evaluation.values()) / GIB if evaluates else None,
