@@ -194,7 +194,8 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
         if same_run(ns.config, model_dir := resolve_model_dir(model_name, key=model_key)):
             changes.update(evaluated_model(model_dir))  # never the path the run named it by
         check_input_dir(ns.config, record, overrides)  # (its token files are needed: a relative one, named)
-    spec = prepare(ns.config, overrides, inference_target(), changes, record="arguments")  # (as the run took them)
+    spec = prepare(ns.config, overrides, inference_target(), changes, record="arguments",  # (as the run took them)
+                   command="eval")
     # (--fp16 true on CPU changes no kernel: said, as for --data; `changes` set no kernel key, so the file parsed
     # once, by `prepare`, is the one to judge, and again only without each kernel key given)
     for note in idle_kernel_keys(spec.args, lambda tokens: parse_config(ns.config, tokens), overrides, "eval"):

@@ -15,7 +15,9 @@ from pretrain_cli.run_config import ATTENTION_PATHS, KernelConfig, Precision, Ru
 
 def resolve_precision(args: Arguments, device: str, target: Target, notes: list, problems: Problems) -> Precision:
     """The AMP dtype and level the run computes in on `device`: fp16/bf16 only where Paddle's AMP would really run
-    them (not at level O0, not on CPU; bf16 refused on a GPU without it, a warning for `plan`), each drop a note."""
+    them (not at level O0, not on CPU; bf16 refused on a GPU without it, a warning for `plan`), each drop a note.
+    `problems` gets train's refusals; `eval` and `generate` refuse only those of what the user gave them
+    (`orchestration.recorded.precision_verdict`)."""
     from pretrain_cli.planning.hardware import capability, no_bf16
 
     t = args.training
@@ -133,8 +135,8 @@ def kernels_for(args: Arguments, target: Target, notes: list | None = None,
     build the model with (for a model no run wrote, `args` set `use_flash_attention: true` unless a kernel
     override says otherwise: `orchestration.targets.SNAPSHOT_ARGUMENTS`). `notes` receives what the rules said on
     the way (`precision: fp16 is not applicable on cpu`) and `problems`, apart, what `train` would refuse (`fp16,
-    bf16: both are true`): the caller refuses the problems and judges an override by the notes alone
-    (`orchestration.recorded`)."""
+    bf16: both are true`): the caller judges the problems (`orchestration.recorded.precision_verdict`) and an
+    override by the notes alone."""
     notes = [] if notes is None else notes
     found = Problems()
     kernels = resolve_kernels(args, target, resolve_precision(args, target.device, target, notes, found), notes)

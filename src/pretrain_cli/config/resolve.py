@@ -221,8 +221,10 @@ def _cpu_layout_note(args: Arguments, device: str, world: int, notes: list) -> N
                      f"by {cores} to keep the global batch)")
 
 
-def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
-    """Validate every cross-key rule and decide every derived value; all problems raise together."""
+def resolve(args: Arguments, model_cfg, target: Target, judge=None) -> RunConfig:
+    """Validate every cross-key rule and decide every derived value; all problems raise together. `judge(problems,
+    target)`: of the precision problems `train` refuses, those the command refuses (`eval`'s split:
+    `orchestration.recorded.split_judge`, where a run's recorded bf16 on a T4 runs); without it, all of them."""
     problems, notes = Problems(), []
     t, d, m = args.training, args.data, args.model
     probed = None  # a candidate's parallel layout, resolved first: most `--fit` candidates are refused products
@@ -245,8 +247,11 @@ def resolve(args: Arguments, model_cfg, target: Target) -> RunConfig:
         device = "cpu"
         notes.append("device: gpu requested but this Paddle has no GPU build; running on cpu "
                      "(install paddlepaddle-gpu for GPUs, or set device: cpu to silence this)")
-    precision = resolve_precision(args, device, target, notes, problems)
+    found = Problems()
+    precision = resolve_precision(args, device, target, notes, found)
     here = replace(target, device=device)
+    for problem in found.items if judge is None else judge(found.items, here):
+        problems.add(problem)
     kernels = resolve_kernels(args, here, precision, notes)
     if probed is None:
         parallel = resolve_parallel(args, model_cfg, here, notes, problems)

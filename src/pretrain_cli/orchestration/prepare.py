@@ -253,12 +253,13 @@ def load_arguments(config: str | None, overrides: list[str] | None, record: str 
 
 
 def prepare(config: str | None, overrides: list[str] | None, target: Target, changes: dict | None = None,
-            record: str = "user_arguments", lock: bool = False) -> RunSpec:
+            record: str = "user_arguments", lock: bool = False, command: str | None = None) -> RunSpec:
     """Parse, resolve and validate a run for `target`; every problem found is raised together. `changes` ({key:
     value}): what the command itself decides (`eval`: one split, no training), over the file and the `--key value`
     overrides, type-checked, never made text. `record`: `load_arguments`' (`eval`, `inspect-data`: `arguments`).
     `lock` (`train`, `check`): a training run's rank 0 judges output_dir's run lock before it reads a checkpoint there:
-    a live run's are not this run's to resume (its batch was blamed for the live run's checkpoint)."""
+    a live run's are not this run's to resume (its batch was blamed for the live run's checkpoint). `command` (`eval`):
+    its verdict on the precision, not train's (`recorded.precision_verdict`: a run's recorded bf16 on a T4 runs)."""
     from pretrain_cli.config.keys import KEYS, coerce
 
     args = load_arguments(config, overrides, record)
@@ -268,7 +269,12 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     problems = Problems()
     built = problems.run(build_model_config, args)
     # without the model's shape, a placeholder that passes every check still finds the argument problems
-    run = problems.run(resolve, args, built[1] if built else placeholder_config(), target)
+    judge = None
+    if command is not None:
+        from pretrain_cli.orchestration.recorded import split_judge
+
+        judge = split_judge(config, overrides, record, args, command)
+    run = problems.run(resolve, args, built[1] if built else placeholder_config(), target, judge)
     # a run on this CPU (a GPU file checked here is checked as the GPU run it is): its parameters alone, then the
     # whole plan against what this host has available for its processes (`host_fit`: a note when close)
     if built is not None and run is not None and run.device == "cpu" and not target.planned:

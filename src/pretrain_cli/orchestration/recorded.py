@@ -115,29 +115,30 @@ def run_arguments(config: str | None, model_dir, overrides: list[str],
 
 
 def idle_kernel_keys(given, parse, overrides: list[str], command: str) -> list[str]:
-    """The kernel rules' verdict on `given`, the arguments with `overrides`. What `train` would refuse of them is
-    refused where the overrides add it (`--bf16 true` on a run recorded with fp16: `fp16, bf16: both are true`), as
-    `prepare` refuses it (`eval --config`'s path has been judged there already); what it would refuse of the
-    arguments without them (a run trained in bf16 on an A100, sampled on a T4) is no typed value's to undo and runs,
-    with a note (`kept_problems`). Then a `note:` for each kernel key the overrides change that changes no kernel on
+    """The kernel rules' verdict on `given`, the arguments with `overrides`: what `train` would refuse of them is
+    judged by `precision_verdict`, as `prepare` judges it on `eval`'s split (`eval --config`'s path has been judged
+    there already, and is noted here). Then a `note:` for each kernel key the overrides change that changes no kernel on
     this device (`--fp16 true` on CPU: the precision stays fp32; `--fp16 false` on a run recorded with fp16;
     `--recompute true` alone), naming what the rules noted of either value, never what they would refuse: the
     command runs as it would without it, and the user learns so. A key given twice is left out with every copy. One
     that restates the setting in effect is no change, and one without which the overrides would add a refusal is a
     change that counts (`--fp16 false` beside `--bf16 true` on a run recorded with fp16): both are taken silently.
-    `parse(tokens)`: the arguments with those tokens instead (`parse([])`, once more, only where a rule refused)."""
+    `parse(tokens)`: the arguments with those tokens instead (`parse([])`, once more, only where a rule refused a
+    run's record)."""
     from pretrain_cli.config.compute import KERNEL_KEYS, kernels_for
     from pretrain_cli.config.parser import override_keys
     from pretrain_cli.orchestration.targets import inference_target
 
     target, said, refused, base = inference_target(), [], [], []
     kernels = kernels_for(given, target, said, refused)
-    if refused:
+
+    def recorded_alone() -> list[str]:
         kernels_for(parse([]) if overrides else given, target, [], base)
-    had = {_rule(p) for p in base}  # (a rule's line names where each value came from: the same rule, other words)
-    if added := [p for p in dict.fromkeys(refused) if _rule(p) not in had]:
+        return base
+    added, notes = precision_verdict(refused, recorded_alone, given, target, command)
+    if added:
         raise UserError("\n".join(added))
-    notes = kept_problems(base, given, target, command) if base else []
+    had = {_rule(p) for p in base}
     chunks: list[list[str]] = []  # each --key with its values, as typed
     for token in overrides:
         if token.startswith("--") or not chunks:
@@ -159,14 +160,52 @@ def idle_kernel_keys(given, parse, overrides: list[str], command: str) -> list[s
     return notes
 
 
+def precision_verdict(problems: list[str], without, given, target, command: str) -> tuple[list[str], list[str]]:
+    """(refused, notes): the one verdict `eval` (every path: `prepare`'s for a run's split, `idle_kernel_keys`' for
+    --data's windows) and `generate` give on `problems`, what `train` would refuse of the precision of `given` (the
+    arguments with the command's overrides) on `target`. Train's rules are for what the user gives this command: the
+    overrides typed, and an argument file handed as --config that is no run's record (a hand-written file: all its
+    problems refused, as `train` refuses them). A run's record (`given.config_path` a run's args.json: its directory
+    as --model, or --config RUN/args.json) was judged by train where it ran; what it sets and this device lacks (bf16
+    on a T4) is no typed value's to undo and runs with a note (`kept_problems`): only a rule the overrides add is
+    refused (`without()`: the problems of the record alone, asked only here and only of a record)."""
+    from pretrain_cli.orchestration.recorded_paths import record_of
+
+    if not problems:
+        return [], []
+    problems = list(dict.fromkeys(problems))
+    if record_of(given.config_path) is None:  # the user's own file, or none (a model no run wrote): all typed
+        return problems, []
+    base = without()
+    had = {_rule(p) for p in base}  # (a rule's line names where each value came from: the same rule, other words)
+    return [p for p in problems if _rule(p) not in had], kept_problems(base, given, target, command)
+
+
+def split_judge(config: str | None, overrides: list[str] | None, record: str, given, command: str):
+    """`resolve`'s judge of what `train` would refuse of the precision of `command`'s run's split (`prepare`'s
+    `command`): `precision_verdict`'s refusals on the device the split resolved to, so they are reported with the
+    split's other problems; its notes are `idle_kernel_keys`' to say (`eval` judges the same arguments after
+    `prepare`). `given`: `config` with `overrides` (as `record`), and the command's changes, which set no precision."""
+    from pretrain_cli.config.compute import resolve_precision
+    from pretrain_cli.errors import Problems
+
+    def judge(problems: list[str], here) -> list[str]:
+        def recorded_alone() -> list[str]:
+            found = Problems()
+            resolve_precision(parse_config(config, [], record) if overrides else given, here.device, here, [], found)
+            return found.items
+        return precision_verdict(problems, recorded_alone, given, here, command)[0]
+    return judge
+
+
 def _rule(problem: str) -> str:
     """The rule a refusal is of, as its line starts (`fp16, bf16`, `bf16`)."""
     return problem.split(":", 1)[0]
 
 
 def kept_problems(problems: list[str], given, target, command: str) -> list[str]:
-    """A `note:` for each rule `train` would refuse the arguments without overrides by (`problems`: a run's record,
-    a `--config` file), which `command` runs anyway: it builds its model in fp32 and runs no AMP, so a precision
+    """A `note:` for each rule `train` would refuse the arguments without overrides by (`problems`: of a run's
+    record), which `command` runs anyway: it builds its model in fp32 and runs no AMP, so a precision
     this device lacks changes only the kernels chosen, which its `kernels:` line names. A run trained in bf16 on an
     A100 samples on a T4, where `train` would refuse bf16 (Paddle's AMP would compute fp32 there)."""
     from pretrain_cli.planning.hardware import capability, no_bf16
