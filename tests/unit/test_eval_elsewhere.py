@@ -75,19 +75,57 @@ def test_a_runs_checkpoint_evaluates_from_another_directory_without_its_model_pa
     assert code == 0 and json.loads(stdout)["loss"] == losses[1], err
 
 
-def test_a_relative_input_dir_not_found_here_names_args_json_the_runs_directory_and_the_fix(trained, capsys):
+def test_a_relative_input_dir_is_read_from_where_the_run_started_said_once(trained, capsys):
+    """From another directory the recorded ./data/c means the run's (started/data/c): read from there, with one
+    note; the loss is the one from where the run started. Before: one error line, "run eval from there"."""
     started, other, out = trained
     record = json.loads((out / "checkpoint-2" / "args.json").read_text())
     assert record["working_directory"] == str(started)
-    with _In(other):
+    losses = []
+    for where in (started, other):
+        with _In(where):
+            code, stdout, err = _eval(capsys, "--model", str(out / "checkpoint-2"), "--json")
+        assert code == 0, err
+        losses.append(json.loads(stdout)["loss"])
+        notes = [x for x in err if "input_dir" in x]
+        assert notes == ([] if where == started else [
+            f"note: {out / 'checkpoint-2' / 'args.json'}: input_dir ./data/c read from {started}, the directory its "
+            f"run was started in (relative paths of args.json mean that directory)"]), err
+    assert losses[0] == losses[1], losses
+
+
+def test_a_relative_input_dir_here_that_may_not_be_the_runs_is_refused_naming_both(trained, capsys, tmp_path):
+    """R6: from other2/ whose ./data/tiny held other text, eval read it without a word (loss 5.6484, 5.5721 from the
+    run's directory). Other files of the same name here, or the name here only (the run's gone), are refused in
+    one line naming both; the same files here are read from the run's directory."""
+    started, other, out = trained
+    here = tmp_path / "other2"
+    (here / "data").mkdir(parents=True)
+    write_tokens(here / "data" / "c", n_docs=30, doc_len=64, vocab_size=64)
+    args_json = out / "checkpoint-2" / "args.json"
+    with _In(here):
         code, _, err = _eval(capsys, "--model", str(out / "checkpoint-2"))
     assert code == 2 and err == [
-        f"error: {out / 'checkpoint-2' / 'args.json'}: input_dir ./data/c is relative to the directory its run was "
-        f"started in ({started}) and is not found from here ({other}); it is there: run eval from there, or pass "
-        f"--input_dir {started / 'data' / 'c'}"], err
-    with _In(started):  # from where the run started, its split as recorded
-        code, _, err = _eval(capsys, "--model", str(out / "checkpoint-2"), "--json")
-    assert code == 0, err
+        f"error: {args_json}: input_dir ./data/c is relative to the directory its run was started in ({started}), and "
+        f"{started / 'data' / 'c'} there and {here / 'data' / 'c'} here hold different files; pass --input_dir with "
+        f"the one to evaluate on ({started / 'data' / 'c'} is the run's)"], err
+    for suffix in (".bin", ".idx"):  # the same files here: the run's, read from where it started
+        shutil.copy(started / "data" / f"c{suffix}", here / "data" / f"c{suffix}")
+    with _In(here):
+        code, _, err = _eval(capsys, "--model", str(out / "checkpoint-2"))
+    assert code == 0 and any(x.startswith(f"note: {args_json}: input_dir ./data/c read from {started}") for x in err)
+    moved = tmp_path / "gone"  # a record whose run directory no longer holds the data
+    shutil.copytree(out / "checkpoint-2", moved)
+    record = json.loads((moved / "args.json").read_text())
+    record["working_directory"] = str(tmp_path / "deleted")
+    (moved / "args.json").write_text(json.dumps(record))
+    with _In(here):
+        code, _, err = _eval(capsys, "--model", str(moved))
+    assert code == 2 and err == [
+        f"error: {moved / 'args.json'}: input_dir ./data/c is relative to the directory its run was started in "
+        f"({tmp_path / 'deleted'}), where it no longer exists; {here / 'data' / 'c'} (from here) may hold other "
+        f"text: pass --input_dir {here / 'data' / 'c'} to evaluate on it, or --input_dir with the run's token "
+        f"files"], err
 
 
 def test_a_record_without_its_working_directory_says_so_and_where_the_path_is_found(trained, capsys, tmp_path):

@@ -171,7 +171,7 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     from pretrain_cli.orchestration.targets import inference_kernels, inference_target
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.orchestration.recorded import SPLIT_KEYS, data_ranks, differences, idle_kernel_keys, no_effect
-    from pretrain_cli.orchestration.recorded_paths import (check_input_dir, evaluated_model, record_of, run_output,
+    from pretrain_cli.orchestration.recorded_paths import (evaluated_model, input_dir_of, record_of, run_output,
                                                            same_run)
     from pretrain_cli.config.presets import resolve_model_dir
     from pretrain_cli.training.weight_source import load_for_inference
@@ -193,7 +193,10 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
         model_name = model_name or _trained_model(ns.config, str(run_output(ns.config)))  # (wherever it started)
         if same_run(ns.config, model_dir := resolve_model_dir(model_name, key=model_key)):
             changes.update(evaluated_model(model_dir))  # never the path the run named it by
-        check_input_dir(ns.config, record, overrides)  # (its token files are needed: a relative one, named)
+        read_from, note = input_dir_of(ns.config, record, overrides)  # (a relative one: where the run started)
+        changes.update(read_from)
+        if note:
+            print(note, file=sys.stderr)
     spec = prepare(ns.config, overrides, inference_target(), changes, record="arguments",  # (as the run took them)
                    command="eval")
     # (--fp16 true on CPU changes no kernel: said, as for --data; `changes` set no kernel key, so the file parsed

@@ -3,8 +3,9 @@
 The record keeps each path as the run was given it: `./configs/deepseek-v3-tiny` was read from the directory the run
 was started in (`working_directory`, recorded since). `eval` of a run's final model or checkpoint takes the model (and
 its tokenizer) from the directory it evaluates, as `generate` and `export` do, so the recorded model path is never
-needed; the token files of the run's split are, and a relative one not found from here is one line naming args.json,
-the directory it was relative to and the fix, before anything else is opened.
+needed; the token files of the run's split are, and a relative one is read from where the run was started (a path of
+the same name here may hold other text), or refused in one line naming args.json, both directories and the fix,
+before anything else is opened.
 """
 from __future__ import annotations
 
@@ -50,33 +51,92 @@ def evaluated_model(model_dir) -> dict:
     return changes
 
 
-def check_input_dir(config: str, record: dict, overrides: list[str]) -> None:
-    """A relative `input_dir` of the record not found from here: one line naming `config`, the directory the path
-    was relative to (the recorded `working_directory`, else where it is found beside the record), and the fix;
-    without the check, `input_dir: ./demo/data: no token files` blamed the data. `--input_dir` among the overrides
-    replaces it and is judged as typed."""
+def input_dir_of(config: str, record: dict, overrides: list[str]) -> tuple[dict, str | None]:
+    """The record's `input_dir` as its run read it: a relative path means the directory the run was started in (the
+    recorded `working_directory`), not the one eval runs in, where a `./data/tiny` may hold other text and be read
+    without a word. Returns the `prepare` change that reads it from there (absolute) and a note when that is not
+    here; a path found only here, or here and there with other files, is one line naming both; found nowhere, one
+    line naming `config`, the directory it was relative to and the fix. A record without `working_directory`
+    (written before it) reads it from here, else beside the record. `--input_dir` among the overrides replaces it and
+    is judged as typed."""
     from pretrain_cli.config.parser import override_keys
 
     if any(ours == "input_dir" for _, ours in override_keys(overrides)):
-        return
+        return {}, None
     value = record["arguments"].get("input_dir")
-    paths = [p for p in (value.split() if isinstance(value, str) else []) if not _number(p)]  # (a blend's weights)
-    here = Path.cwd()
-    missing = [p for p in paths if not Path(p).is_absolute() and not _present(here / p)]
+    tokens = value.split() if isinstance(value, str) else []
+    paths = [p for p in tokens if not _number(p) and not Path(p).is_absolute()]  # (a blend's weights are numbers)
+    here, recorded = Path.cwd(), record.get("working_directory")
+    if not paths:
+        return {}, None
+    if not isinstance(recorded, str):
+        _refuse_missing(config, [p for p in paths if not _present(here / p)], None, len(tokens) == 1)
+        return {}, None
+    started = Path(recorded)
+    if started.resolve() == here.resolve():
+        _refuse_missing(config, [p for p in paths if not _present(here / p)], started, len(tokens) == 1)
+        return {}, None
+    for p in paths:
+        there, ours = _present(started / p), _present(here / p)
+        if ours and not there:
+            raise UserError(f"{config}: input_dir {p} is relative to the directory its run was started in ({started}), "
+                            f"where it no longer exists; {here / p} (from here) may hold other text: pass "
+                            f"--input_dir {here / p} to evaluate on it, or --input_dir with the run's token files")
+        if ours and there and not _same_files(started / p, here / p):
+            raise UserError(f"{config}: input_dir {p} is relative to the directory its run was started in ({started}), "
+                            f"and {started / p} there and {here / p} here hold different files; pass --input_dir "
+                            f"with the one to evaluate on ({started / p} is the run's)")
+    _refuse_missing(config, [p for p in paths if not _present(started / p)], started, len(tokens) == 1)
+    absolute = " ".join(str(started / t) if t in paths else t for t in tokens)
+    return {"input_dir": absolute}, (f"note: {config}: input_dir {' '.join(paths)} read from {started}, the directory "
+                                     f"its run was started in (relative paths of args.json mean that directory)")
+
+
+def _refuse_missing(config: str, missing: list[str], started: Path | None, single: bool) -> None:
+    """Token files found neither where the run was started nor here: one line, with the directory beside the record
+    they are found from, if one is (a run's output_dir inside the directory it was started in)."""
     if not missing:
         return
-    recorded = record.get("working_directory")
-    tried = [Path(recorded)] if isinstance(recorded, str) else []
-    tried += [d for d in (Path(config).resolve().parent, *Path(config).resolve().parents[:3]) if d not in tried]
+    here = Path.cwd()
+    tried = [d for d in (Path(config).resolve().parent, *Path(config).resolve().parents[:3])]
     found = next((d for d in tried if all(_present(d / p) for p in missing)), None)
-    started = recorded if isinstance(recorded, str) else "which this record does not name"
+    where = str(started) if started is not None else "which this record does not name"
+    elsewhere = started is not None and started.resolve() != here.resolve()
     if found is None:
         fix = "pass --input_dir with the token files' path (an absolute one), or --data PREFIX"
     else:
-        fix = (f"{'it is there' if str(found) == recorded else f'it is found from {found}'}: run eval from there"
-               + (f", or pass --input_dir {found / missing[0]}" if len(paths) == 1 else ""))
+        fix = f"it is found from {found}: run eval from there" + (
+            f", or pass --input_dir {found / missing[0]}" if single else "")
     raise UserError(f"{config}: input_dir {' '.join(missing)} is relative to the directory its run was started in "
-                    f"({started}) and is not found from here ({here}); {fix}")
+                    f"({where}) and is not found {'there or ' if elsewhere else ''}from here ({here}); "
+                    f"{fix}")
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    """Whether two token-file paths hold the same data: the same files by name and size, equal `.idx` files (the
+    documents' lengths) and equal first and last MiB of each `.bin` (reading whole corpora twice to compare them
+    would cost more than the evaluation)."""
+    if a.resolve() == b.resolve():
+        return True
+    files_a, files_b = _token_files(a), _token_files(b)
+    if [(n, f.stat().st_size) for n, f in files_a] != [(n, f.stat().st_size) for n, f in files_b]:
+        return False
+    return all(_sample(fa) == _sample(fb) for (_, fa), (_, fb) in zip(files_a, files_b))
+
+
+def _token_files(path: Path) -> list[tuple[str, Path]]:
+    if path.is_dir():
+        return sorted((str(f.relative_to(path)), f) for f in path.rglob("*") if f.is_file())
+    return [(s, path.with_name(path.name + s)) for s in (".bin", ".idx") if path.with_name(path.name + s).exists()]
+
+
+def _sample(path: Path, size: int = 1 << 20) -> bytes:
+    with open(path, "rb") as f:
+        if path.suffix == ".idx" or path.stat().st_size <= 2 * size:
+            return f.read()
+        head = f.read(size)
+        f.seek(-size, 2)
+        return head + f.read()
 
 
 def _number(token: str) -> bool:
