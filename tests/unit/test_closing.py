@@ -33,10 +33,10 @@ def test_a_final_model_is_its_weights_its_step_named_where_its_state_says_it(tmp
     assert export.remove_final(out) == (f"overwrite_output_dir: removed the final model an earlier run exported to "
                                         f"{out} (model.safetensors, config.json): this run writes its own at its end")
     assert export.final_step(out) == (False, None) and export.remove_final(out) is None
-    # weights no export of ours wrote: eval reads them, but a start-over has no final model of ours to remove
+    # weights under a name no export of ours writes: no final model (eval refuses them, naming them), none to remove
     (out / "consolidated.safetensors").write_bytes(b"weights")
     (out / "config.json").write_text("{}")
-    assert export.final_step(out) == (True, None)
+    assert export.final_step(out) == (False, None)
     assert export.remove_final(out) is None and (out / "config.json").is_file()
 
 

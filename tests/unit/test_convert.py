@@ -162,8 +162,9 @@ def test_no_weights_is_a_user_error(tmp_path):
         (tmp_path / name).write_bytes(b"")
     with pytest.raises(UserError, match="no model.safetensors"):
         convert.find_weights(str(tmp_path))
-    (tmp_path / "consolidated.safetensors").write_bytes(b"")
-    assert convert.find_weights(str(tmp_path)) == [str(tmp_path / "consolidated.safetensors")]
+    (tmp_path / "consolidated.safetensors").write_bytes(b"")  # weights, but not the model's name: refused, named
+    with pytest.raises(UserError, match=r"holds weights only under names not read as a model \(consolidated"):
+        convert.find_weights(str(tmp_path))
 
 
 def test_hf_params_marks_linear_weights():

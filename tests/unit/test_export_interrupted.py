@@ -1,7 +1,8 @@
 """`convert.write_hf_dir` killed part way over an earlier model: each state it can leave is the earlier model, the
 new one, or no model (every loader fails), and the loaders agree. Writing first and removing the earlier files last
 left, killed between the two, an old model.safetensors beside the new shards and index: transformers read the old
-model, our loader (`eval --model`) the new one, neither saying so."""
+model, our loader (`eval --model`) the new one, neither saying so. Over a user's model_ema.safetensors beside
+config.json (no model), our loader read it as the model, and with the first new shard beside it a mix of both."""
 import os
 import shutil
 
@@ -80,7 +81,7 @@ def _which(weights, old, new) -> str:
     return "another"
 
 
-@pytest.mark.parametrize("before", ["whole, with pytorch_model.bin", "2 shards", "3 shards"])
+@pytest.mark.parametrize("before", ["whole, with pytorch_model.bin", "2 shards", "3 shards", "model_ema alone"])
 @pytest.mark.parametrize("after", [WHOLE, SHARDED])
 def test_a_kill_anywhere_leaves_one_model_or_none(tmp_path, monkeypatch, before, after):
     earlier, later = _model(1), _model(2)
@@ -91,6 +92,8 @@ def test_a_kill_anywhere_leaves_one_model_or_none(tmp_path, monkeypatch, before,
     new = {n: t.numpy() for n, t in hf_state_dict(later).items()}
     if before.startswith("whole"):
         torch.save({n: torch.from_numpy(a.copy()) for n, a in old.items()}, pristine / "pytorch_model.bin")
+    if before == "model_ema alone":  # a user's weights beside config.json, under a name that is no model's
+        os.rename(pristine / "model.safetensors", pristine / "model_ema.safetensors")
     states, at = [], 0
     while True:
         d = tmp_path / f"at{at}"
@@ -109,7 +112,9 @@ def test_a_kill_anywhere_leaves_one_model_or_none(tmp_path, monkeypatch, before,
         if finished:
             break
         at += 1
-    assert states[0][1]["transformers"] == "old" and states[-1][1] == {"transformers": "new", "ours": "new",
-                                                                       "transformers .bin": None}, states
+    first = {"transformers": None, "transformers .bin": None, "ours": None} if before == "model_ema alone" else \
+        {"transformers": "old", "transformers .bin": "old" if before.startswith("whole") else None, "ours": "old"}
+    assert states[0][1] == first and states[-1][1] == {"transformers": "new", "ours": "new",
+                                                       "transformers .bin": None}, states
     seen = [m for _, r in states for m in r.values() if m is not None]
     assert seen == sorted(seen, key=["old", "new"].index), states  # (never the earlier model after the new one)

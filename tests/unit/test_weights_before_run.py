@@ -5,6 +5,7 @@ a run killed before its export left them taken for its trained weights, and the 
 model an earlier run exported'. An HF Trainer's snapshot ships a trainer_state.json and an all_results.json of its
 own: neither tells a download from an export."""
 import json
+import os
 
 import pytest
 
@@ -45,5 +46,32 @@ def test_a_download_recorded_before_the_run_is_no_final_model_until_replaced(tmp
         model_argument(str(out))
     assert _start(out) == before  # a second start carries the record on, the files unchanged
     (out / "model.safetensors").write_text("the run's weights")  # what its export writes in their place
-    assert export.final_step(out) == (True, 9)
+    _later(out / "model.safetensors", out / "trainer_state.json")
+    assert export.final_step(out) == (True, None)  # (the download's trainer_state.json is older: not the export's)
     assert export.before_the_run(out) == [] and _start(out) == []
+    (out / "trainer_state.json").write_text(json.dumps({"global_step": 30}))  # the export's, written after them
+    _later(out / "trainer_state.json", out / "model.safetensors")
+    assert export.final_step(out) == (True, 30)
+
+
+def _later(path, than):
+    """`path` modified 1 s after `than` (an export writes trainer_state.json after its weights)."""
+    t = than.stat().st_mtime_ns + 10**9
+    os.utime(path, ns=(t, t))
+
+
+def test_an_export_stopped_part_way_over_a_download_is_neither_its_step_nor_a_model(tmp_path):
+    """Killed after its model.safetensors replaced the download's, before config.json: the re-run's line named
+    'the final model of step 9' (the download's own trainer_state.json), and `eval --model out` said 'out has no
+    config.json' where checkpoint-90 is the run's model."""
+    out = tmp_path / "out"
+    _download(out)
+    _start(out)
+    (out / "checkpoint-90").mkdir()
+    (out / "config.json").unlink()  # the export's first removal
+    (out / "model.safetensors").write_text("the run's weights")
+    _later(out / "model.safetensors", out / "trainer_state.json")
+    assert model_argument(str(out)) == (str(out / "checkpoint-90"), f"note: {out} holds no final model yet (its "
+                                        f"run's export was stopped part way): using its newest checkpoint, "
+                                        f"{out / 'checkpoint-90'}")
+    assert export.remove_final(out).startswith("overwrite_output_dir: removed the final model an earlier run exported")

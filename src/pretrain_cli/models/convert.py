@@ -217,8 +217,14 @@ def detect_layout(shapes: dict, model=None) -> str:
 
 # ---------------------------------------------------------------- files
 def find_weights(src_dir) -> list[str]:
-    """The safetensors weight files of a model directory (`weight_files` judges which, as `has_weights` does: no
-    optimizer's states, no adapter's); UserError naming the directory if there are none."""
+    """The safetensors files a model directory's model is read from, judged by transformers' names (`HF_WEIGHTS`)
+    as from_pretrained judges them: the shards its model.safetensors.index.json lists, else its model.safetensors
+    alone; in a checkpoint-N of ours, its weights beside checkpoint.index.json (which places their pieces). Other
+    weights are never read as the model: shards without their index (an export or download stopped part way)
+    are refused naming them, as are weights under other names only (model_ema.safetensors: read beside another
+    file, a tensor both hold came silently from the last). UserError naming the directory if there are none."""
+    from pretrain_cli.storage.checkpoint_index import INDEX as CHECKPOINT_INDEX
+
     src_dir = str(src_dir)
     index = os.path.join(src_dir, INDEX_FILE)
     if os.path.isfile(index):
@@ -234,14 +240,28 @@ def find_weights(src_dir) -> list[str]:
                             f"re-create it or point to another checkpoint")
         files = sorted(set(weight_map.values()))
         return [os.path.join(src_dir, f) for f in files]
-    single = os.path.join(src_dir, SINGLE_FILE)
-    if os.path.isfile(single):
-        return [single]
-    found = [os.path.join(src_dir, n) for n in weight_files(src_dir)[0]]  # (no optimizer's, no adapter's)
+    found = weight_files(src_dir)[0]  # (no optimizer's, no adapter's)
+    named = [n for n in found if HF_WEIGHTS.fullmatch(n)]
+    if os.path.isfile(os.path.join(src_dir, CHECKPOINT_INDEX)) and named:  # its pieces: `checkpoint_index.Reader`
+        return [os.path.join(src_dir, n) for n in named]
+    if SINGLE_FILE in found:
+        return [os.path.join(src_dir, SINGLE_FILE)]
+    shards = [n for n in named if re.search(r"-\d{5}-of-\d{5}\.", n)]
+    if shards:
+        raise UserError(f"{src_dir}: holds {_some(shards)}, transformers' shards, without their {INDEX_FILE}: part "
+                        f"of a model (an export or download stopped part way), which is not read; download or "
+                        f"export it again, or point to another model directory")
     if found:
-        return found
+        raise UserError(f"{src_dir}: holds weights only under names not read as a model ({_some(found)}): the model "
+                        f"is {SINGLE_FILE}, or the shards {INDEX_FILE} lists; if one of them is this model's "
+                        f"weights, rename it {SINGLE_FILE} (beside its config.json), else point to another directory")
     refuse_unread(src_dir)  # weights in files not read (pytorch_model.bin, .pdparams ...): named, with the conversion
     raise UserError(f"{src_dir}: no {SINGLE_FILE} or {INDEX_FILE}; point to a directory with HF safetensors")
+
+
+def _some(names: list[str]) -> str:
+    """Up to 3 of `names` and how many more, for a one-line refusal."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def quantization_block(src_dir) -> tuple[int, int]:
@@ -255,7 +275,8 @@ def quantization_block(src_dir) -> tuple[int, int]:
 
 
 def has_weights(model_dir) -> bool:
-    """Whether a directory holds weights that are read (a preset or a bare config.json does not)."""
+    """Whether a directory holds safetensors weights (a preset or a bare config.json does not): `find_weights` then
+    reads its model from them or refuses them in one line, never a random init in their place."""
     return bool(weight_files(model_dir)[0])
 
 
@@ -293,7 +314,8 @@ def write_hf_dir(entries, cfg: ModelConfig, out_dir: str, dtype: str = "float32"
     transformers shards (`model-0000k-of-0000n.safetensors` + `model.safetensors.index.json` above
     `max_shard_bytes`), written by streaming (`shard_files.write`: one tensor in memory at a time), then
     config.json and generation_config.json. The weights an earlier model left there under transformers' names
-    (`hf_weight_names`) are removed: loaders would read them in place of these, or beside them."""
+    (`hf_weight_names`) are removed, and its config.json first: loaders would read them in place of these, or
+    beside them."""
     from pretrain_cli.storage import shard_files
 
     os.makedirs(out_dir, exist_ok=True)
@@ -312,13 +334,14 @@ def write_hf_dir(entries, cfg: ModelConfig, out_dir: str, dtype: str = "float32"
     shards.append(cur)
     n = len(shards)
     files = [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-    # the earlier model's config.json and its weights under transformers' names go first (`hf_weight_names`' order),
-    # then the shards are written, then the index (where there is one) and config.json, last: a kill at any point
-    # leaves the earlier model, no model (loaders fail loudly: weights without config.json, shards without their
-    # index), or this one; never files of both, read by different loaders, nor new weights under the old config.
+    # config.json (wherever there is one, weights beside it or not) and the earlier weights under transformers' names
+    # go first (`hf_weight_names`' order), then the shards are written, then the index (where there is one) and
+    # config.json, last: a kill at any point leaves the earlier model, no model (loaders fail loudly: weights without
+    # config.json, shards without their index, `find_weights`), or this one; never files of both, read by different
+    # loaders, nor new weights under an old config.json.
     # A single model.safetensors replaces the earlier one in one rename (`shard_files.write`): that one stays till then.
     earlier = hf_weight_names(out_dir)
-    config = ["config.json"] if earlier and os.path.isfile(os.path.join(out_dir, "config.json")) else []
+    config = ["config.json"] if os.path.isfile(os.path.join(out_dir, "config.json")) else []
     for old in config + [f for f in earlier if not (n == 1 and f == SINGLE_FILE)]:
         os.remove(os.path.join(out_dir, old))
     for fname, shard in zip(files, shards):

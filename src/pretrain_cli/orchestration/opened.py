@@ -22,6 +22,11 @@ def build_model_config(args: Arguments):
     from pretrain_cli.models.families import FAMILIES
     from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
+    name, out = args.model.model_name_or_path, args.training.output_dir  # (resuming in it: its checkpoint is read)
+    if args.model.continue_training and name and not (out and Path(name).resolve() == Path(out).resolve()):
+        from pretrain_cli.training.export import unfinished_run
+
+        unfinished_run(name, "model_name_or_path: ", "point it at")  # what eval reads there, never a download
     model_dir = resolve_model_dir(args.model.model_name_or_path)
     if args.model.continue_training:  # weights in files not read (pytorch_model.bin): named, with the conversion
         from pretrain_cli.models.foreign_weights import refuse_unread

@@ -20,22 +20,24 @@ def record_path(model_dir) -> Path | None:
 def trained_model(output_dir) -> tuple[Path | None, str | None]:
     """(model, note) a run's output_dir holds: its final export, else its newest checkpoint-N with a `note:`
     saying so (a run stopped before its export still has a model to evaluate or sample; the user must know it is
-    not the final one, nor the model the directory held before the run: `export.final_step` judges); (None, None)
+    not the final one, nor the model the directory held before the run: `export.whole_final` judges); (None, None)
     when it holds neither yet."""
     from pretrain_cli import run_dir
-    from pretrain_cli.training.export import before_the_run, final_step
+    from pretrain_cli.training.export import before_the_run, final_step, whole_final
 
     out = Path(output_dir)
-    if final_step(out)[0]:
+    if whole_final(out):
         return out, older_final(out)
     ckpt = run_dir.latest_checkpoint(out)
-    if ckpt is None:
-        return None, None
+    if ckpt is None:  # weights of an export stopped part way, and nothing else: judged there, loudly
+        return (out, None) if final_step(out)[0] else (None, None)
     from pretrain_cli.training.run_lock import whose
 
     who = whose(out)
     why = ("its run stopped before the export" if who is None else f"its run is still training: {who}"
            if who.startswith("pid") else f"its run on {who} holds its lock: still training, or stopped there")
+    if who is None and final_step(out)[0]:  # weights, but no whole model (`whole_final`)
+        why = "its run's export was stopped part way"
     before = before_the_run(out)
     there = (f" ({', '.join(before)} there {'is' if len(before) == 1 else 'are'} the model {out} held before the run, "
              f"not trained by it)") if before else ""
@@ -62,12 +64,12 @@ def model_argument(name: str, key: str = "--model") -> tuple[str, str | None]:
     """(model, note) for `--model NAME`: a run's output_dir without its final export (args.json and checkpoint-N/
     but no weights of its own) stands for its newest checkpoint, as `eval --config` takes it; any other name is
     returned as given, for `resolve_model_dir` to judge."""
-    from pretrain_cli.training.export import before_the_run, final_step
+    from pretrain_cli.training.export import before_the_run, whole_final
 
     path = Path(name)
     if not path.is_dir() or record_path(path) is None:
         return name, None
-    if final_step(path)[0]:
+    if whole_final(path):
         return name, older_final(path)
     model, note = trained_model(path)
     if model is not None:

@@ -152,20 +152,65 @@ def _unchanged(out: Path, entry: dict) -> bool:
 
 
 def final_step(out) -> tuple[bool, int | None]:
-    """(whether run directory `out` holds a final model, the step it was exported at): a final model is weights
-    that `eval --model out` reads (`foreign_weights.weight_files`), whether or not the rest of its export is there,
-    but for those args.json records as there before the run (`before_the_run`: a download the run has not replaced
-    yet); its step is the trainer state the export wrote, None where that is unreadable (an export killed between
-    its weights and trainer_state.json). `eval`, `generate` (`orchestration.recorded`), `closing.stopped` and
-    `remove_final` all ask here, so they agree on what is there."""
-    from pretrain_cli.models.foreign_weights import weight_files
-
-    if not set(weight_files(out)[0]) - set(before_the_run(Path(out))):
+    """(whether run directory `out` holds a final model, the step it was exported at): a final model is safetensors
+    weights under transformers' names (`convert.HF_WEIGHTS`: what an export of ours writes), whole or what an export
+    stopped part way left (`whole_final` tells), but for those args.json records as there before the run
+    (`before_the_run`: a download the run has not replaced yet); weights under other names are no model
+    (`convert.find_weights` refuses them). Its step is the trainer state the export wrote after its weights, None
+    where that is unreadable or older than them (an export killed before it: what is there is a download's own, or
+    an earlier export's). `eval`, `generate` (`orchestration.recorded`), `export`, `continue_training`,
+    `closing.stopped` and `remove_final` all ask here, so they agree on what is there."""
+    out = Path(out)
+    weights = set(n for n in hf_weight_names(out) if n.endswith(".safetensors")) if out.is_dir() else set()
+    weights -= set(before_the_run(out))
+    if not weights:
         return False, None
     try:
-        return True, int(json.loads((Path(out) / run_dir.STATE_FILE).read_text(encoding="utf-8"))["global_step"])
+        state = out / run_dir.STATE_FILE
+        if state.stat().st_mtime_ns < max((out / n).stat().st_mtime_ns for n in weights):
+            return True, None
+        return True, int(json.loads(state.read_text(encoding="utf-8"))["global_step"])
     except (OSError, ValueError, KeyError, TypeError):
         return True, None
+
+
+def whole_final(out) -> bool:
+    """Whether run directory `out` holds its final model whole (`final_step`): config.json, which the export writes
+    after the weights, and every file `convert.find_weights` reads the model from. What an export stopped part way
+    left is no model to evaluate, sample, export or continue from: those take the newest checkpoint."""
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.models.convert import find_weights
+
+    if not final_step(out)[0] or not (Path(out) / "config.json").is_file():
+        return False
+    try:
+        return all(Path(f).is_file() for f in find_weights(out))
+    except UserError:
+        return False
+
+
+def unfinished_run(src, key: str, then: str) -> None:
+    """Refuse `src` where a run's output_dir (its args.json, a checkpoint-N) holds no whole final model
+    (`whole_final`), in one line naming its newest checkpoint, which `eval --model src` reads: what else it holds is
+    the model it held before the run (`before_the_run`: a download) or part of a stopped export, not what the run
+    trained. `key` names the argument; `then`, what to do with the checkpoint. A run reading its own output_dir
+    (resuming there) is not asked."""
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
+
+    src = Path(src)
+    newest = run_dir.latest_checkpoint(src) if src.is_dir() else None
+    if newest is None or CheckpointDir(src).record is None or whole_final(src):
+        return
+    before = before_the_run(src)
+    held = ""
+    if before:
+        held = (f"; {', '.join(before)} there {'is' if len(before) == 1 else 'are'} the model {src} held before the "
+                f"run, not trained by it")
+    elif final_step(src)[0]:
+        held = "; the weights there are what an export stopped part way left"
+    raise UserError(f"{key}{src} holds no final model of its run yet (still training, or stopped before its export"
+                    f"{held}); {then} its newest checkpoint, {newest}, which eval --model {src} reads")
 
 
 def remove_final(out) -> str | None:
@@ -221,7 +266,8 @@ def export_checkpoint(src: Path, out: Path, dtype: str,
                       max_shard_bytes: int | None = None) -> tuple[list[str], int | None, str | None]:
     """`pretrain-cli export`: checkpoint or final directory `src` → HF directory `out` in `dtype`, published whole
     with one rename (`atomic.publish_dir`: a kill leaves `out.tmp`, never a half `out`). A damaged `src` is refused
-    in one line (`storage.intact` decides). Returns (weight files, the step `src` was saved at when it says,
+    in one line (`storage.intact` decides), as is a run's output_dir without its final model (`unfinished_run`: the
+    checkpoint eval would read is named). Returns (weight files, the step `src` was saved at when it says,
     `export_notes.note`'s note or None)."""
     from pretrain_cli import runtime
     from pretrain_cli.errors import UserError
@@ -230,6 +276,7 @@ def export_checkpoint(src: Path, out: Path, dtype: str,
     from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
     src, out = Path(src), Path(out)
+    unfinished_run(src, "", "export")  # a run's output_dir: its final model, never what it held before the run
     meta = CheckpointDir(src)  # its state and index read once: checked, then read from
     reason = intact.export_problem(meta)
     if reason is not None:
