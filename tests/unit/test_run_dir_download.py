@@ -59,3 +59,14 @@ def test_the_runs_own_export_is_exported(tmp_path):
     convert.save_hf(build_model(CFG), CFG, str(out))  # the run's final export replaces the download
     files, _, _ = export.export_checkpoint(out, tmp_path / "Kx", "float32")
     assert files == ["model.safetensors"] and (tmp_path / "Kx" / "config.json").is_file()
+
+
+def test_export_of_weights_under_other_names_alone_is_refused_before_it_writes(tmp_path):
+    """A model directory holding only model_ema.safetensors (transformers raises OSError there) was exported as the
+    model; refused now (`convert.find_weights`), before out.tmp is made."""
+    src = tmp_path / "E"
+    convert.save_hf(build_model(CFG), CFG, str(src))
+    (src / "model.safetensors").rename(src / "model_ema.safetensors")
+    with pytest.raises(UserError, match=r"holds weights only under names not read as a model \(model_ema"):
+        export.export_checkpoint(src, tmp_path / "Ex", "float32")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["E"]

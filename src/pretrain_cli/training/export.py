@@ -292,6 +292,10 @@ def export_checkpoint(src: Path, out: Path, dtype: str,
         saved = run_dir.list_checkpoints(src.parent)  # a mistyped checkpoint-N: the ones its run directory holds
         there = f": {src.parent} holds {', '.join(p.name for _, p in saved)}" if saved and not src.exists() else ""
         raise UserError(f"{src}: cannot export: {reason}; export another checkpoint-N (or the final directory){there}")
+    if meta.index is None:  # a model directory: which files are its model is judged before out.tmp is made
+        from pretrain_cli.models.convert import find_weights
+
+        find_weights(src)
     cfg = ModelConfig.from_file(str(src))
     paddle = runtime.import_paddle()
     from pretrain_cli.models import build_model
