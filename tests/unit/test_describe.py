@@ -82,6 +82,24 @@ def test_a_moe_model_says_its_routing_and_balancing(tmp_path):
     assert "experts:" not in _describe(tmp_path, max_steps=2)
 
 
+def test_a_deepseek_router_names_its_expert_groups_and_transformers_default(tmp_path):
+    """DeepSeek-V3 tiny without n_group/topk_group trained with transformers' 8 groups, 4 kept, without a word:
+    the line names the groups, and says when config.json left them to transformers' default."""
+    import shutil
+    from pathlib import Path
+
+    model = tmp_path / "dsv3"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "configs" / "deepseek-v3-tiny", model)
+    assert ", top-4 of the top 2 of 4 expert groups, norm_topk_prob true;" in _describe(
+        tmp_path, model_name_or_path=str(model), max_steps=2)
+    raw = json.loads((model / "config.json").read_text())
+    del raw["n_group"], raw["topk_group"]
+    (model / "config.json").write_text(json.dumps(raw))
+    text = _describe(tmp_path, model_name_or_path=str(model), max_steps=2)
+    assert (", top-4 of the top 4 of 8 expert groups (transformers' default: config.json has no n_group or "
+            "topk_group), norm_topk_prob true;") in text, text
+    assert "expert groups" not in _describe(tmp_path, model_name_or_path="micro-qwen3-moe", max_steps=2)
+
 
 def test_a_capacity_is_said_as_what_an_expert_keeps_of_a_micro_batch(tmp_path):
     """W1's capacity_factor 1.0 dropped two thirds of the assignments with the experts line silent about it: the
@@ -90,6 +108,7 @@ def test_a_capacity_is_said_as_what_an_expert_keeps_of_a_micro_batch(tmp_path):
     text = _describe(tmp_path, model_name_or_path="micro-qwen3-moe", max_steps=2, per_device_train_batch_size=2,
                      gradient_accumulation_steps=3, capacity_factor=1.25)
     assert ("moe_router_bias_update_rate 0 (off); capacity_factor 1.25: an expert computes at most 10 of a "
-            "micro-batch's 64 assignments (32 tokens x top-2; 8 each at balance), the rest dropped; expert parallel "
+            "micro-batch's 64 assignments (32 tokens x top-2; 8 each at balance), the rest dropped (evaluation is "
+            "dropless); expert parallel "
             "degree 1\n") in text, text
 

@@ -67,6 +67,22 @@ def test_dispatch_equals_a_loop_over_experts_and_drops_the_latest_tokens_past_ca
     np.testing.assert_allclose(out.numpy(), _naive_moe(x, indices, weights, experts, keep), rtol=1e-5, atol=1e-5)
 
 
+def test_evaluation_is_dropless_under_a_capacity():
+    """The run's own eval_loss dropped tokens under capacity_factor where `eval` and transformers ran dropless
+    (1.25 at step 200: 6.4602 in the run, 6.4582 from `eval`): in eval mode the block computes every assignment,
+    as the same block without a capacity does; in training it drops as before."""
+    x = paddle.to_tensor(np.random.default_rng(3).standard_normal((2, 8, 8)).astype("float32"))
+    capped, _ = _block(capacity_factor=0.5)
+    free, _ = _block(capacity_factor=0.0)  # (the same seed: the same weights)
+    capped.eval()
+    free.eval()
+    np.testing.assert_array_equal(capped(x).numpy(), free(x).numpy())
+    assert float(capped.record.dropped) == 0
+    capped.train()
+    capped(x)
+    assert float(capped.record.dropped) > 0
+
+
 @pytest.mark.parametrize("grouped", [grouped_mlp_segments, grouped_mlp_padded])
 def test_an_expert_no_token_reaches_gets_a_zero_gradient_and_the_rest_is_unchanged(grouped, monkeypatch):
     """An idle expert once got no gradient (None): paddle.DataParallel then errors and expert parallelism's

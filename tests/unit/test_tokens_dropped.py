@@ -39,13 +39,26 @@ def test_the_warning_names_the_interval_the_worst_layer_the_capacity_and_the_exp
     w.see([0.2] * 4, 30)  # (in the collapse's grace: drops are judged all the same)
     assert w.dropping(0.4357)
     line = w.drop_message(30, 0.4357, [0.3, 0.5, 0.6, 0.3428], 1.0, 512)
-    assert line == ("step 30: 43.6% of the routed expert assignments were dropped over steps 20-30 (moe_dropped_share "
+    assert line == ("step 30: 43.6% of the routed expert assignments were dropped over steps 21-30 (moe_dropped_share "
                     "0.4357; the most in model.layers.2.mlp, 0.6000): capacity_factor 1 keeps at most 512 of a "
                     "micro-batch's assignments per expert, and the tokens past it skip that expert in training, where "
                     "the exported model (dropless, as transformers runs it) computes every one; raise capacity_factor, "
                     "set it to 0 (dropless) or balance the routing; said again at 0.8714 or more; docs/MOE.md, \"Token "
                     "dropping\""), line
     assert "said again" not in w.drop_message(30, 0.6, [0.6], 1.0, 512)  # 2 x 0.6 > 1: never again
+
+
+def test_the_interval_said_begins_after_the_line_before_and_after_a_resume():
+    """Step 1 has its own line, so the next one's interval is steps 2-10 (it said 1-10); a process resumed from
+    checkpoint-25 counts from step 26 (its first line at 30 said "over step 30")."""
+    spans = []
+    for resumed_at, steps in ((0, (1, 10, 20)), (25, (30, 40))):
+        w = CollapseWatch(experts=16, top_k=4, from_init=False, resumed_at=resumed_at)
+        for step in steps:
+            w.see([0.1] * 4, step)
+            spans.append((w.first, w.drop_message(step, 0.5, [0.5], 1.0, 512).split(" (", 1)[0].split("over ")[1]))
+    assert spans == [(1, "step 1"), (2, "steps 2-10"), (11, "steps 11-20"), (26, "steps 26-30"),
+                     (31, "steps 31-40")], spans
 
 
 def test_the_export_note_says_dropless_beside_the_routing_bias():
@@ -92,7 +105,8 @@ def test_a_run_dropping_tokens_says_so_at_start_in_its_log_and_at_its_export(dro
     assert shares[0] >= 0.5 and steps[0] == 1 and len(warned) == len(events) == len(steps), (shares, warned)
     assert [e["step"] for e in events] == steps and all(w.startswith(f"step {s}: ") for w, s in zip(warned, steps))
     assert events[0]["capacity_factor"] == 0.5 and events[0]["expert_capacity"] == 8
-    assert events[0]["dropped_share"] == shares[0] and len(events[0]["dropped_share_per_layer"]) == 2
+    assert events[0]["dropped_share"] == round(shares[0], 4) and len(events[0]["dropped_share_per_layer"]) == 2
+    assert events[0]["since_step"] == 1  # (logged every step: each line's interval is its step)
     final = [x for x in lines if x.startswith("note: the run trained with capacity_factor 0.5")]
     assert len(final) == 1 and "the exported model runs every token (dropless)" in final[0], final
 
@@ -102,3 +116,31 @@ def test_export_of_a_checkpoint_says_dropless_from_its_args_json(dropped, tmp_pa
     assert cli.main(["export", str(out / "checkpoint-4"), str(tmp_path / "hf")]) == 0
     err = capsys.readouterr().err
     assert "note: the run trained with capacity_factor 0.5, which drops the assignments past" in err, err
+
+
+def test_a_resumed_run_names_the_steps_since_its_checkpoint(tmp_path):
+    """Resumed from checkpoint-2 with a line every 2 steps, the resumed process's first line (step 4) covers steps
+    3-4, where the model's counts began (it said "over step 4"; R6's, from checkpoint-25: "over step 30")."""
+    data, out, lines = write_tokens(tmp_path / "c", vocab_size=512), tmp_path / "run", []
+    for steps in ("2", "4"):  # the second resumes checkpoint-2 (the run's output_dir, as a re-run of train does)
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            assert cli.main(["train", *TRAIN, "--max_steps", steps, "--save_steps", "2", "--logging_steps", "2",
+                             "--input_dir", data, "--capacity_factor", "0.5", "--output_dir", str(out)]) == 0
+        lines.append([x for x in stdout.getvalue().splitlines() if "assignments were dropped" in x])
+    events = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    events = [(e["step"], e["since_step"]) for e in events if e["kind"] == "tokens_dropped"]
+    # (step 1 logs a line of its own: the first run warns there; 0.5 at step 2 is not twice it)
+    assert "were dropped over step 1 (" in lines[0][0] and "were dropped over steps 3-4 (" in lines[1][0], lines
+    assert events == [(1, 1), (4, 3)], events
+
+
+def test_eval_of_a_run_with_a_capacity_says_it_runs_dropless(dropped, capsys):
+    """`eval` computes every assignment (as transformers and, now, the run's own evaluation do): a run trained with
+    a capacity is said so in one note, its loss not being the training computation's."""
+    out, _ = dropped
+    assert cli.main(["eval", "--model", str(out / "checkpoint-4"), "--max_batches", "1"]) == 0
+    notes = [x for x in capsys.readouterr().err.splitlines() if "capacity_factor" in x]
+    assert notes == [f"note: {out / 'checkpoint-4' / 'args.json'}: its run trained with capacity_factor 0.5 (the "
+                     f"assignments past an expert's capacity dropped); eval runs every token (dropless), as the run's "
+                     f"own evaluation and transformers do"], notes

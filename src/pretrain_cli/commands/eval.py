@@ -101,6 +101,16 @@ def _random_init(name: str, model_dir: str, source: str, seed: int) -> None:
         print(random_init_note(name, is_preset(model_dir), seed), file=sys.stderr)
 
 
+def _dropless_note(source: str, cfg, factor) -> None:
+    """A run that trained with a capacity dropped assignments its evaluation computes (`models.moe`: evaluation is
+    dropless, the run's own eval_loss too, as transformers runs the model): one note, so a loss is not read as the
+    training computation's."""
+    if getattr(cfg, "num_experts", 0) and isinstance(factor, (int, float)) and factor > 0:
+        print(f"note: {source}: its run trained with capacity_factor {factor:g} (the assignments past an expert's "
+              f"capacity dropped); eval runs every token (dropless), as the run's own evaluation and transformers do",
+              file=sys.stderr)
+
+
 def _report(ns: argparse.Namespace, result: dict, t0: float, what: str) -> int:
     """Print one JSON object (`--json`) or one line that says in words what was measured (the kernels that
     measured it on stderr, as `train` logs them)."""
@@ -214,6 +224,7 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     if cfg.vocab_size != spec.model_cfg.vocab_size:
         raise UserError(f"{model_key}: vocab_size {cfg.vocab_size} differs from the config's model "
                         f"({spec.model_cfg.vocab_size}); evaluate the model this config trains")
+    _dropless_note(ns.config, cfg, spec.run.moe.capacity_factor)
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(spec.run))  # as `train` runs it
     _random_init(model_name, model_dir, source, ns.seed)
     t0 = time.perf_counter()
@@ -316,6 +327,8 @@ def main(ns: argparse.Namespace) -> int:
     for note in differences(model_dir, ns.max_seq_length, mask, None if ns.reset_position_ids is None
                             else ns.reset_position_ids == "true"):
         print(note, file=sys.stderr)
+    if recorded:
+        _dropless_note(ns.config or f"{model_path}/args.json", cfg, args.get("capacity_factor"))
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args))
     _random_init(ns.model, model_dir, source, ns.seed)
     t0 = time.perf_counter()

@@ -211,6 +211,7 @@ def _validate_mla(cfg: "ModelConfig", source: str) -> None:
                         f"num_attention_heads ({cfg.num_attention_heads}) under multi-head latent attention "
                         f"(every head expands its own keys from the latent); set them equal")
 
+
 def _validate_deepseek_moe(cfg: "ModelConfig", source: str) -> None:
     """The family's routing method (V3's `noaux_tc`, V2's two); group-limited routing needs whole groups of
     experts and enough experts in the kept groups."""
@@ -230,6 +231,7 @@ def _validate_deepseek_moe(cfg: "ModelConfig", source: str) -> None:
     if cfg.num_experts_per_tok > kept * (cfg.num_experts // groups):
         raise UserError(f"{source}: num_experts_per_tok ({cfg.num_experts_per_tok}) exceeds the experts of the "
                         f"{kept} kept groups; raise topk_group")
+
 
 def _unset(cfg: "ModelConfig", key: str) -> str:
     """Why a routing number the user never wrote is in the refusal: transformers' default for a key config.json

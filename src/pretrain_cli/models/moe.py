@@ -32,7 +32,8 @@ Interface (what the decoder, the balance losses, expert parallelism and other ro
 
 Options that are training choices, not architecture (`run_config.MoeConfig`): the auxiliary-loss-free bias
 (created when its update rate is > 0) and `capacity_factor` (0: dropless, the default; > 0: each expert keeps at
-most ceil(factor · tokens · top_k / experts) assignments, the earliest tokens first, the rest dropped: weight 0).
+most ceil(factor · tokens · top_k / experts) assignments, the earliest tokens first, the rest dropped: weight 0;
+in training only: evaluation computes every assignment, as `eval` and transformers do).
 """
 from __future__ import annotations
 
@@ -240,7 +241,9 @@ class SparseMoeBlock(nn.Layer):
         bsz, seq_len, hidden = x.shape
         flat = x.reshape([-1, hidden])  # [tokens, hidden]
         routing = self.gate(flat)
-        out, counts, dropped = self.dispatch(flat, routing, self.experts, self.num_experts, self.capacity_factor)
+        # evaluation is dropless, as `eval` and transformers run the model: the run's eval_loss is theirs
+        factor = self.capacity_factor if self.training else 0.0
+        out, counts, dropped = self.dispatch(flat, routing, self.experts, self.num_experts, factor)
         # (a Routing again: under to_static SOT can hand the gate's over as a plain tuple, which moe_loss reads by name)
         self.record = MoeRecord(Routing(*routing), counts, dropped)
         if self.training:  # an evaluation's tokens neither move the balancing bias nor show in the logged load

@@ -195,8 +195,8 @@ class RunSpec:
         that hold them, the MTP layer counted apart as the model line counts it; each size config.json leaves to
         transformers' default says so), top-k and `norm_topk_prob`, and the balancing decided in `config.moe` (the
         weight in effect where the file leaves it to config.json or the paper, the bias rate a DeepSeek-V3 run gets
-        unasked), and the capacity (`_capacity`), so a run's size, balancing and dropped tokens are read before its
-        first step."""
+        unasked), the expert groups a DeepSeek router keeps, and the capacity (`_capacity`), so a run's size,
+        balancing and dropped tokens are read before its first step."""
         cfg, moe, p = self.model_cfg, self.run.moe, self.run.parallel
 
         def said(*keys) -> str:  # the keys of this figure config.json left out: transformers' default built it
@@ -213,12 +213,14 @@ class RunSpec:
         mtp = len(cfg.expert_layers) - len(cfg.sparse_layers)  # the MTP layers that hold experts
         mtp = " + the MTP layer" if mtp == 1 else f" + {mtp} MTP layers" if mtp else ""
         kind = "sequence-wise" if cfg.model_type in DEEPSEEK_ALPHA else f"load-balancing, {moe.aux_loss_scope} scope"
+        groups = (f" of the top {cfg.topk_group} of {cfg.n_group} expert groups{said('n_group', 'topk_group')}"
+                  if cfg.mla and cfg.topk_method != "greedy" else "")  # (V3's noaux_tc, V2's group_limited_greedy)
         rate = f"{moe.bias_update_rate:g}" if moe.bias_update_rate else "0 (off)"
         return (f"experts: {experts}, in {len(cfg.sparse_layers)} of {cfg.num_hidden_layers} layers{mtp}"
                 f"{said('first_k_dense_replace', 'decoder_sparse_step')}, top-{cfg.num_experts_per_tok}"
-                f"{said('num_experts_per_tok')}, norm_topk_prob {json.dumps(bool(cfg.norm_topk_prob))}; balance loss "
-                f"weight {moe.aux_loss_coef or 0:g} ({kind}), moe_router_bias_update_rate {rate}; {self._capacity()}; "
-                f"expert parallel degree {p.ep_degree}")
+                f"{said('num_experts_per_tok')}{groups}, norm_topk_prob {json.dumps(bool(cfg.norm_topk_prob))}; "
+                f"balance loss weight {moe.aux_loss_coef or 0:g} ({kind}), moe_router_bias_update_rate {rate}; "
+                f"{self._capacity()}; expert parallel degree {p.ep_degree}")
 
     def _capacity(self) -> str:
         """`capacity_factor` as what it keeps at this run's micro-batch: a factor alone does not say that 1.0 keeps
@@ -231,7 +233,7 @@ class RunSpec:
         assigned = tokens * cfg.num_experts_per_tok
         return (f"capacity_factor {moe.capacity_factor:g}: an expert computes at most {cap:,} of a micro-batch's "
                 f"{assigned:,} assignments ({tokens:,} tokens x top-{cfg.num_experts_per_tok}; "
-                f"{assigned / cfg.num_experts:,.4g} each at balance), the rest dropped")
+                f"{assigned / cfg.num_experts:,.4g} each at balance), the rest dropped (evaluation is dropless)")
 
     def _evaluations(self) -> str:
         """When the run evaluates: every eval_steps in the loop, and after the last step (`training.run`'s final

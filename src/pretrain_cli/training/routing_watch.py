@@ -112,13 +112,14 @@ class CollapseWatch:
 
     def __init__(self, experts: int, top_k: int, layers: list[int] | None = None, warmup_steps: float = 0,
                  decoder_layers: int | None = None, from_init: bool | list[int] = True,
-                 before: dict[int, int] | None = None):
+                 before: dict[int, int] | None = None, resumed_at: int = 0):
         """`layers`: the model's layer index of each sparse layer, in the order the shares come (none: their
         order among the sparse layers, said as such); `decoder_layers`: num_hidden_layers (the layers from it on are
         the MTP modules'); `from_init`: every router started from random init in this run's lineage (`grace`), or
         none did, or the model's layers whose router did (a continued model's that its directory lacked, or that a
         run of ours continued from had from init); `before`: the steps such a router trained before this run's
-        lineage (layer: steps; none: 0), which its grace counts."""
+        lineage (layer: steps; none: 0), which its grace counts; `resumed_at`: the step this process started after
+        (its resume's; 0 from the start), where its first line's interval begins: the model's counts start there."""
         # with as many experts as choices every expert takes 1/top_k: that is balance, not collapse
         self.bar = NEAR / top_k if 0 < top_k < experts else None
         self.experts, self.top_k, self.layers, self.decoder_layers = experts, top_k, layers, decoder_layers
@@ -129,15 +130,19 @@ class CollapseWatch:
         self.last_step: int | None = None  # the previous line's step: where the interval a line ends began
         self.near: dict[int, tuple[int, int]] = {}  # layer: (the step its run near 1/top_k began, its lines)
         self.warned: set[int] = set()
-        self.began: int | None = None  # where the interval of the last line `see` took began
+        self.resumed_at = resumed_at
+        self.first: int | None = None  # the first step of the interval of the last line `see` took
         self.dropped_warned: float | None = None  # the dropped share last warned of
 
     def see(self, per_layer: list[float], step: int) -> list[tuple[int, float]]:
         """(layer, share) of each layer that has now stayed near 1/top_k for `SUSTAIN_STEPS` steps and `INTERVALS`
         lines ending at `step`; the layer is the model's index, or with `layers` unknown or not matching, the sparse
-        layers' count (`name` says which). The first line a process sees began at its own step (its interval's
-        start is not known)."""
-        began = self.began = step if self.last_step is None else self.last_step
+        layers' count (`name` says which). A collapse's run is counted from the line before (the first line a
+        process sees: from its own step); `first`, what a line's counts cover, from the step after it (the first
+        line: after `resumed_at`)."""
+        began = step if self.last_step is None else self.last_step
+        after = self.resumed_at if self.last_step is None or self.last_step >= step else self.last_step
+        self.first = min(after + 1, step)  # (a spike's rollback brings the step back: from its resume point)
         self.last_step = step
         if self.bar is None:
             return []
@@ -220,7 +225,7 @@ class CollapseWatch:
                      capacity: int | None) -> str:
         """The token-dropping warning's one line: how much was dropped, where most, what the capacity keeps, what
         the export computes instead and what to change (`per_layer`: moe_dropped_share_per_layer)."""
-        span = f"steps {self.began}-{step}" if self.began is not None and self.began < step else f"step {step}"
+        span = f"steps {self.first}-{step}" if self.first is not None and self.first < step else f"step {step}"
         worst = ""
         if len(per_layer) > 1:
             i = max(range(len(per_layer)), key=per_layer.__getitem__)
@@ -230,4 +235,5 @@ class CollapseWatch:
         return (f"step {step}: {share:.1%} of the routed expert assignments were dropped over {span} "
                 f"(moe_dropped_share {share:.4f}{worst}): capacity_factor {factor:g}{keeps}, and the tokens past it "
                 f"skip that expert in training, where the exported model (dropless, as transformers runs it) computes "
-                f"every one; raise capacity_factor, set it to 0 (dropless) or balance the routing{again}; {DROP_SECTION}")
+                f"every one; raise capacity_factor, set it to 0 (dropless) or balance the routing{again}; "
+                f"{DROP_SECTION}")

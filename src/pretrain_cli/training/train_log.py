@@ -65,7 +65,8 @@ class TrainLog:
                                                          self.schedule.warmup_steps, cfg.num_hidden_layers,
                                                          from_init=self.state.routers_from_init if self.continued
                                                          else True,
-                                                         before=steps_before(self.state.routers_steps_before))
+                                                         before=steps_before(self.state.routers_steps_before),
+                                                         resumed_at=self.state.global_step - self._launched_steps())
             if (note := watch.note(self.loop.max_steps)) is not None:
                 log.info(f"note: {note}")
         for layer, share in watch.see(values["moe_expert_share_per_layer"], self.state.global_step):
@@ -80,9 +81,15 @@ class TrainLog:
             per_layer, moe = values.get("moe_dropped_share_per_layer", []), model.moe
             cap = moe.expert_capacity(self.loop.micro_batch * self.seq_len, watch.top_k, watch.experts)
             log.warning(watch.drop_message(self.state.global_step, share, per_layer, moe.capacity_factor, cap))
-            self.record_event("tokens_dropped", {"dropped_share": share, "dropped_share_per_layer": per_layer,
-                                                 "since_step": watch.began, "capacity_factor": moe.capacity_factor,
+            self.record_event("tokens_dropped", {"dropped_share": round(share, 4), "dropped_share_per_layer": per_layer,
+                                                 "since_step": watch.first, "capacity_factor": moe.capacity_factor,
                                                  "expert_capacity": cap})
+
+    def _launched_steps(self) -> int:
+        """The steps this process took (its throughput's tokens since launch): the MoE counts a log line reads began
+        with them, not at the resumed checkpoint's last log line."""
+        tp = self.throughput
+        return tp.tokens_this_launch // (tp.global_batch * tp.seq_len) if tp is not None else 0
 
     def record_event(self, kind: str, values: dict, step: int | None = None) -> None:
         """An event (a spike, a save's stall) in metrics.jsonl only: the trainer state stays small."""
