@@ -361,6 +361,8 @@ def test_a_rank_that_fails_its_part_fails_the_save_and_nothing_is_published(tmp_
     from pretrain_cli.training import shard_writer
 
     model, opt = _build("float32")
+    # rank 1 made the directory before its first file, as every rank does (`report_failure` writes only into it)
+    (tmp_path / "checkpoint-4.tmp").mkdir()
     shard_writer.report_failure(tmp_path / "checkpoint-4.tmp", 1, OSError(28, "No space left on device"))
     with pytest.raises(UserError, match="rank 1 could not write its part of checkpoint-4: OSError.*No space left"):
         _save(tmp_path, model, opt, 0)
