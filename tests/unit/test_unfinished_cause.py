@@ -45,10 +45,15 @@ def _info(seconds_ago: float, text: str = "global_step: 5") -> str:
     return f"[{_stamp(seconds_ago)},123] [    INFO] - {text}"
 
 
+def _start(seconds_ago: float, rank: int = 0, pid: int = 999999, pod: str = "podaa") -> str:
+    """A launched rank's start line (`launch_logs.say_start`); the holder's rank 0: pid 999999, pod podaa."""
+    return _info(seconds_ago, f"rank {rank} of 2 started: pid {pid} on {socket.gethostname()} (launcher pod {pod})")
+
+
 def test_a_hang_its_watchers_named_is_said_not_the_oom_killer(out):
-    _log(out / "log" / "workerlog.0", _info(30), "", "[pretrain-cli] rank 0: " + HANG.split("[pretrain-cli] ")[1]
-         .replace("; the other ranks stop too", "; this rank stops too"))
-    _log(out / "log" / "workerlog.1", _info(30), "", HANG)
+    _log(out / "log" / "workerlog.0", _start(60), _info(30), "", "[pretrain-cli] rank 0: "
+         + HANG.split("[pretrain-cli] ")[1].replace("; the other ranks stop too", "; this rank stops too"))
+    _log(out / "log" / "workerlog.1", _start(60, 1, 4242), _info(30), "", HANG)
     line = run_lock.unfinished(out, _holder(), socket.gethostname())
     assert line.endswith(f"; {out}/log/workerlog.0 says: rank 1 (pid 4242 on vm) made no progress for 10 s while "
                          f"in collective at step 5"), line
@@ -58,18 +63,53 @@ def test_a_hang_its_watchers_named_is_said_not_the_oom_killer(out):
 def test_a_runs_own_error_line_is_said_under_master_too(out):
     """A read-only output_dir: its error kept rank 0 from removing its lock; two nodes' logs in log/node-N."""
     refused = f"error: output_dir: {out} is in use by another run (pid 999999 on this host, started ...); wait ..."
-    _log(out / "log" / "node-0" / "workerlog.0", _info(40), refused, _info(20), READ_ONLY)  # (a second job's first)
-    _log(out / "log" / "node-1" / "workerlog.0", _info(20), "error: rank 1: rank 0 failed while publishing")
+    _log(out / "log" / "node-0" / "workerlog.0", _start(60), _info(40), refused, _info(20), READ_ONLY)
+    _log(out / "log" / "node-1" / "workerlog.0", _start(61, 1, 4343, "podbb"), _info(20),
+         "error: rank 1: rank 0 failed while publishing")
     line = run_lock.unfinished(out, _holder(), socket.gethostname())
     assert line.endswith(f"; {out}/log/node-0/workerlog.0 says: {READ_ONLY.removeprefix('error: ')}"), line
 
 
 def test_an_earlier_launchs_lines_in_the_same_log_are_not_this_runs(out):
     """Paddle's launcher appends to workerlog.N: a verdict written before the run started is another run's."""
-    _log(out / "log" / "workerlog.0", _info(3600), HANG, _info(30, "resumed from out/checkpoint-3 at step 3"))
+    _log(out / "log" / "workerlog.0", _start(3700, pid=1111, pod="podzz"), _info(3600), HANG, _start(60),
+         _info(30, "resumed from out/checkpoint-3 at step 3"))
     line = run_lock.unfinished(out, _holder(), socket.gethostname())
     assert OOM in line and "made no progress" not in line, line
     assert "with its 2 ranks: the workerlogs name the rank that ended first" in line
+
+
+def test_a_later_launchs_error_and_verdict_are_not_the_killed_runs(out):
+    """R8: a 2-rank run, every process kill -9'd (its lock stays, nothing written), then a launch with a bad input_dir
+    (exit 2) into the same output_dir: the next start quoted that launch's `input_dir: /nonexistent: no token files`
+    as the killed run's end (every line past a stamp newer than the lock's `started` counted)."""
+    for rank in (0, 1):
+        _log(out / "log" / f"workerlog.{rank}", _start(60, rank, 999999 - rank), _info(50))
+    _log(out / "log" / "workerlog.0", _start(20, pid=5555, pod="podbb"),
+         "error: input_dir: /nonexistent: no token files (*.bin with *.idx) there; run pretrain-cli preprocess first")
+    _log(out / "log" / "workerlog.1", _start(20, 1, 5556, "podbb"),
+         "[pretrain-cli] rank 1 (pid 5556 on vm) left with an error: input_dir: /nonexistent: no token files")
+    line = run_lock.unfinished(out, _holder(), socket.gethostname())
+    assert OOM in line and "/nonexistent" not in line, line
+    # the killed run's own lines still count: its watcher's verdict, written before the later launch
+    (out / "log" / "workerlog.1").write_text(f"{_start(60, 1, 999998)}\n{HANG}\n{_start(20, 1, 5556, 'podbb')}\n")
+    line = run_lock.unfinished(out, _holder(), socket.gethostname())
+    assert line.endswith("workerlog.1 says: rank 1 (pid 4242 on vm) made no progress for 10 s while in collective "
+                         "at step 5"), line
+
+
+def test_a_start_line_far_before_the_logs_end_is_found(out, monkeypatch):
+    """A long run's start line lies far before the end read for its verdict: found by reading backwards."""
+    from pretrain_cli.training import launch_logs
+
+    monkeypatch.setattr(launch_logs, "TAIL", 300)
+    monkeypatch.setattr(launch_logs, "SCAN", 100)
+    _log(out / "log" / "workerlog.0", _start(3700, pid=1111, pod="podzz"), "error: an earlier launch's", _start(60),
+         *[_info(50) for _ in range(40)], "[pretrain-cli] rank 0 (pid 999999 on vm) died: killed by SIGKILL")
+    line = run_lock.unfinished(out, _holder(), socket.gethostname())
+    assert line.endswith("workerlog.0 says: rank 0 (pid 999999 on vm) died: killed by SIGKILL"), line
+    _log(out / "log" / "workerlog.0", _start(10, pid=2222, pod="podyy"), *[_info(5) for _ in range(40)])
+    assert OOM in run_lock.unfinished(out, _holder(), socket.gethostname())  # (its lines out of the end read)
 
 
 def test_a_lock_that_cannot_be_removed_leaves_the_runs_own_error_the_news(tmp_path, monkeypatch, capsys):

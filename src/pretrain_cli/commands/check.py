@@ -143,13 +143,15 @@ def main(ns: argparse.Namespace) -> int:
         print("\n".join(list_models()))
         return 0
     target = launcher_target() if ns.world_size is None else simulated_target(ns.world_size)
-    spec = prepare(ns.config, ns.overrides, target, lock=True)
+    spec = prepare(ns.config, ns.overrides, target, lock="describe")  # a live run's refusal: after the description
     pretrained_weights(spec)
     fallback = verified(spec, sys.stderr if ns.json else None) if ns.verify else None
     if fallback is not None:
         spec = spec.resuming(fallback)
     if ns.json:
         print(json.dumps(spec.summary(), indent=2, default=str))
+        if spec.held:
+            raise UserError(spec.held)
         return 0
     for line in spec.describe():
         print(line)
@@ -159,11 +161,10 @@ def main(ns: argparse.Namespace) -> int:
         print(f"  note: --world_size {ns.world_size} checks the run as a launch on {count(ns.world_size, 'GPU')} "
               f"(device gpu, its precision and kernels); this machine has no GPU build, where `check` without "
               f"--world_size shows the CPU run it would start")
-    from pretrain_cli.training.run_lock import previous_end, refusal
+    from pretrain_cli.training.run_lock import previous_end
 
-    held = refusal(spec.run.output.output_dir)  # what `train` would meet first (its lock)
-    if held:
-        raise UserError(held)
+    if spec.held:  # what `train` would meet first (its lock); the run described without the live run's checkpoints
+        raise UserError(spec.held)
     unfinished = previous_end(spec.run.output.output_dir)  # a lock a killed run left: train says it too
     if unfinished:
         print(unfinished)

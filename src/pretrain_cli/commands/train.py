@@ -40,7 +40,9 @@ def _train(ns: argparse.Namespace) -> int:
     from pretrain_cli.orchestration.prepare import prepare
     from pretrain_cli.orchestration.targets import launcher_target
     from pretrain_cli.distributed.launcher import launch
+    from pretrain_cli.training.launch_logs import say_start
 
+    say_start()  # a launched rank's first workerlog line: which lines are this launch's (`launch_logs`)
     launch.end_with_launcher()  # a launched rank stops at its launcher's death, and ends by a deadline
     runtime.setup_env(threads=runtime.default_threads(launch.local_size()))  # before anything imports Paddle
     spec = prepare(ns.config, ns.overrides, launcher_target(), lock=True)

@@ -54,6 +54,7 @@ class RunSpec:
     unresumed: tuple | None = None
     # (global_step, consumed_samples) of the checkpoint resumed: the steps before it read at its own global batch
     resumed_at: tuple | None = None
+    held: str | None = None  # a live run's refusal of output_dir, which kept the resume from reading it (`in_use`)
 
     def resuming(self, path) -> RunSpec:
         """This run resuming from `path` (None: starting afresh) instead: a rank other than 0 taking rank 0's
@@ -255,12 +256,13 @@ def load_arguments(config: str | None, overrides: list[str] | None, record: str 
 
 
 def prepare(config: str | None, overrides: list[str] | None, target: Target, changes: dict | None = None,
-            record: str = "user_arguments", lock: bool = False, command: str | None = None) -> RunSpec:
+            record: str = "user_arguments", lock: bool | str = False, command: str | None = None) -> RunSpec:
     """Parse, resolve and validate a run for `target`; every problem found is raised together. `changes` ({key:
     value}): what the command itself decides (`eval`: one split, no training), over the file and the `--key value`
     overrides, type-checked, never made text. `record`: `load_arguments`' (`eval`, `inspect-data`: `arguments`).
     `lock` (`train`, `check`): a training run's rank 0 judges output_dir's run lock before it reads a checkpoint there:
-    a live run's are not this run's to resume (its batch was blamed for the live run's checkpoint). `command` (`eval`):
+    a live run's are not this run's to resume (its batch was blamed for the live run's checkpoint); "describe"
+    (`check`): that refusal alone is left in `RunSpec.held`, said after the run's description. `command` (`eval`):
     its verdict on the precision, not train's (`recorded.precision_verdict`: a run's recorded bf16 on a T4 runs)."""
     from pretrain_cli.config.keys import KEYS, coerce
 
@@ -325,10 +327,10 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     if run.model.continue_training:  # a note when its weights' tokenizer is another (its files, else its record)
         spec.run = run = replace(run, notes=(*run.notes, *continued_tokenizer(model_dir, spec.tokenizer,
                                                                               spec.prefixes())))
-    held = in_use(run) if lock else None
-    if held:  # (the only line of output_dir: the resume's are the live run's checkpoints')
-        problems.add(held)
-    elif problems.run(check_output_dir, run.output.output_dir) is not None:
+    spec.held = in_use(run) if lock else None
+    if spec.held and lock != "describe":  # (the only line of output_dir: the resume's are the live run's checkpoints')
+        problems.add(spec.held)
+    elif not spec.held and problems.run(check_output_dir, run.output.output_dir) is not None:
         from pretrain_cli.orchestration.resumed import find_resume
 
         problems.run(foreign_model, run)
@@ -354,6 +356,8 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
 
         problems.run(check_compatible, saved, model_cfg, run.data.max_seq_length, bool(run.output.resume_from))
         problems.run(check_tokenizer, saved, spec.tokenizer, spec.prefixes(), args)
+    if spec.held and problems.items and lock == "describe":  # (alone: `check` says it after the run's description)
+        problems.add(spec.held)
     _elsewhere(problems, args)
     problems.raise_if_any()
     spec.unresumed = (args, run, target)  # (`apply_resume` works on a copy: keep_global_batch sets keys)
@@ -365,13 +369,12 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
 
 
 def in_use(run) -> str | None:
-    """The run lock's refusal (`training.run_lock.refusal`) when a live run holds the output_dir of this training run's
-    rank 0 (which alone resumes here: the other ranks take its choice once joined), else None."""
-    if not (run.loop.do_train and run.parallel.is_rank0):
-        return None
+    """The run lock's refusal when a live run holds the output_dir of this training run's rank 0 (which alone resumes
+    here: the other ranks take its choice once joined), else None; another host's lock watched here, once
+    (`training.run_lock.refusal`)."""
     from pretrain_cli.training.run_lock import refusal
 
-    return refusal(run.output.output_dir)
+    return refusal(run.output.output_dir, watch=True) if run.loop.do_train and run.parallel.is_rank0 else None
 
 
 def _elsewhere(problems: Problems, args: Arguments) -> None:

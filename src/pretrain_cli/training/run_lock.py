@@ -20,16 +20,15 @@ The lock is also how the next start learns that a run did not finish: every end 
 `finally` (its last step, an error, Ctrl-C, a SIGTERM stop) releases it, so a lock whose holder is gone was left by a
 process that ended without that (SIGKILL, the kernel's out-of-memory killer, a crash in native code, its host down,
 its watcher's kill of a hung rank) or whose removal failed (a read-only output_dir). The next `train` (and `check`)
-says so in one line, with the last step `metrics.jsonl` logged, the last checkpoint and what the run wrote down of its
-end in the workerlogs launch.sh keeps in output_dir (`recorded_end`), else which ends say nothing (`unfinished`);
-under `scripts/launch.sh`'s restarts (`PRETRAIN_CLI_RESTART`), whose own line named the failure just before, it says
+says so in one line, with the last step `metrics.jsonl` logged, the last checkpoint and what the run's launch wrote
+down of its end in the workerlogs launch.sh keeps in output_dir (`launch_logs.recorded_end`), else which ends say
+nothing (`unfinished`); under `scripts/launch.sh`'s restarts (`PRETRAIN_CLI_RESTART`), whose own line named the failure just before, it says
 only where the previous attempt ended.
 """
 from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import sys
 import threading
@@ -38,11 +37,13 @@ from pathlib import Path
 
 from pretrain_cli import atomic, processes, run_dir
 from pretrain_cli.errors import UserError
+from pretrain_cli.training import launch_logs
 
 LOCK_FILE = "run.lock"
 BEAT_SECONDS = 10.0
 STALE_SECONDS = 3 * BEAT_SECONDS  # three missed beats: a holder descheduled for a while is not taken over
 _IDENTITY = ("host", "pid", "start_ticks", "started")
+_watched: dict[Path, dict] = {}  # another host's lock a watch in this process found gone: {lock path: the lock read}
 
 
 def same_holder(a: dict | None, b: dict | None) -> bool:
@@ -141,6 +142,8 @@ def _judge(path: Path, holder: dict | None, here: str) -> str:
         return "alive" if processes.alive(holder.get("pid"), holder.get("start_ticks")) else "stale"
     if not isinstance(holder.get("beat"), int):
         return "unknown"
+    if same_holder(_watched.get(path), holder) and _watched[path].get("beat") == holder.get("beat"):
+        return "stale"  # watched in this process already (`refusal`, before the resume) and not beaten since
     print(f"{path} is held by {_who(holder)}; watching its heartbeat for up to {STALE_SECONDS:.0f} s",
           file=sys.stderr, flush=True)
     deadline = time.monotonic() + STALE_SECONDS
@@ -155,6 +158,7 @@ def _judge(path: Path, holder: dict | None, here: str) -> str:
             return _judge(path, now, here)  # another run took it meanwhile: judge that one
         if now.get("beat") != holder.get("beat"):
             return "alive"
+    _watched[path] = holder
     return "stale"
 
 
@@ -204,14 +208,17 @@ def acquire(output_dir, ranks: int = 1, say=None) -> RunLock:
         candidate.unlink(missing_ok=True)
 
 
-def refusal(output_dir) -> str | None:
+def refusal(output_dir, watch: bool = False) -> str | None:
     """The line `acquire` would refuse `output_dir` with now (a live run holds its lock), or None; nothing is
-    taken. launch.sh asks before it starts the launcher, whose logs would otherwise go into the running job's."""
+    taken. launch.sh asks before it starts the launcher, whose logs would otherwise go into the running job's.
+    Another host's beating lock is judged only with `watch` (rank 0's `prepare`, before it reads a checkpoint there):
+    its heartbeat watched once, a lock found gone is not watched again by this process's `acquire`; without `watch`
+    (launch.sh's `held`: rank 0 watches it after) None."""
     out = Path(output_dir)
     path = out / LOCK_FILE
     holder, here = _read(path), socket.gethostname()
-    if holder is not None and holder.get("host") != here and isinstance(holder.get("beat"), int):
-        return None  # another host's beating lock: rank 0's `acquire` watches it (watching here too doubled the wait)
+    if not watch and holder is not None and holder.get("host") != here and isinstance(holder.get("beat"), int):
+        return None
     if _judge(path, holder, here) in ("free", "stale"):
         return None
     return _refusal(out, path, _read(path) or holder, here)
@@ -230,8 +237,8 @@ def previous_end(output_dir) -> str | None:
 
 def unfinished(out: Path, holder: dict, here: str) -> str:
     """The one line for a lock its run left behind (`holder`, gone): when it started, the last step it logged and
-    its last checkpoint, and how it ended as its logs say (`recorded_end`), else what ends a run without a word. Under
-    launch.sh's restart the failure was named by launch.sh's line before: only where the previous attempt ended."""
+    its last checkpoint, and how it ended as its launch's logs say (`launch_logs.recorded_end`), else what ends a run
+    without a word. Under launch.sh's restart the failure was named by launch.sh's line before: only where the previous attempt ended."""
     step = last_logged_step(out)
     ckpt = run_dir.latest_checkpoint(out)
     where = (f"last step logged {step if step is not None else 'none'} ({run_dir.METRICS_FILE}), last checkpoint "
@@ -243,7 +250,7 @@ def unfinished(out: Path, holder: dict, here: str) -> str:
     who = f"pid {holder.get('pid')}" + ("" if holder.get("host") == here else f" on host {holder.get('host')}")
     how = ("it was killed (SIGKILL; the kernel's out-of-memory killer: see `dmesg`; a scheduler's limit: see its log) "
            "or crashed without a word of its own")
-    if (said := recorded_end(out, holder)) is not None:
+    if (said := launch_logs.recorded_end(out, holder)) is not None:
         how = f"{said[0]} says: {said[1]}"
     elif holder.get("host") != here:
         how = "its lock stopped beating: it was killed, or its host went down"
@@ -251,43 +258,6 @@ def unfinished(out: Path, holder: dict, here: str) -> str:
         how += f"; with its {holder.get('ranks')} ranks: the workerlogs name the rank that ended first"
     return (f"note: the previous run in {out} ({who}, started {holder.get('started', '?')}) did not finish: {where}; "
             f"{how}")
-
-
-_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")  # a logged line's time (`training.metrics`' format)
-
-
-def recorded_end(out: Path, holder: dict) -> tuple[Path, str] | None:
-    """(log, line): how the run that left `holder` ended, as its launch wrote it down in the workerlogs launch.sh
-    keeps in output_dir (log/workerlog.N; log/node-N/ under MASTER), among their lines since that run started (a log is
-    appended to by every launch): its watchers' verdict (a rank that died, a hang they named, a rank that left with its
-    error: `rank_log.VERDICT`), else a rank's own `error:` line (rank 0's first). None where none says (no launcher,
-    another LOG_DIR, an end nothing wrote down): then the line names the ends that say nothing."""
-    from pretrain_cli.distributed.launcher import rank_log
-
-    started = str(holder.get("started", ""))
-    verdicts, errors = [], []
-    logs = sorted([*out.glob("log/workerlog.*"), *out.glob("log/*/workerlog.*")],
-                  key=lambda p: (p.parent.name, int(p.suffix[1:]) if p.suffix[1:].isdigit() else 1 << 30))
-    for log in logs:
-        mine, said = False, None  # past a line logged since `started` (the same clock and format: this host's)
-        for line in rank_log.read(log, length=1 << 16):
-            line = line.strip()
-            stamp = _STAMP.match(line)
-            if stamp:
-                mine = stamp.group(1) >= started
-            elif mine and rank_log.VERDICT.match(line):
-                said = (log, line.removeprefix(rank_log.PREFIX))  # (the last a log holds)
-            elif mine and line.startswith("error: ") and "is in use by another run" not in line:
-                errors.append((log, line.removeprefix("error: ")))  # (not a second job's refusal: `_refusal`)
-        verdicts += [said] if said else []
-    found = verdicts[:1] or errors[:1]  # (a verdict is the host's one account: every rank's log holds it)
-    if not found:
-        return None
-    log, line = found[0]
-    line = re.sub(r"^rank \d+: (?=rank \d+ \(pid)", "", line)  # (another rank's log: the rank named is the news)
-    for cut in ("; the other ranks stop too", "; this rank stops too"):  # (its re-run advice is the next start's now)
-        line = line.split(cut, 1)[0]
-    return log, line if len(line) <= 400 else line[:399] + "…"
 
 
 def last_logged_step(out: Path) -> int | None:
