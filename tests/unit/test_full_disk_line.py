@@ -61,7 +61,8 @@ def test_a_disk_full_leaves_alone_with_its_line_not_as_a_death(monkeypatch):
 
     left = []
     monkeypatch.setattr(rank_exit, "leave", lambda comm, kind, error=None: left.append((kind, str(error))))
-    collaborators = SimpleNamespace(saver=SimpleNamespace(wait=lambda: None), close=lambda: None)
+    collaborators = SimpleNamespace(saver=SimpleNamespace(wait=lambda: None, abandon=lambda e: None),
+                                    close=lambda: None)
     with pytest.raises(OSError) as e:
         run_end.finish(resolve_run("--max_steps", "60"), Trainer(), NoComm(), collaborators)
     assert e.value is full

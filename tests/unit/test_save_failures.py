@@ -105,7 +105,8 @@ def test_a_rank_stopped_by_rank_0s_failure_exits_1_not_as_a_usage_error(tmp_path
             raise PeerFailed("rank 1: lost rank 0 while it was publishing checkpoint-40 (Broken pipe); see workerlog.0")
 
     closed = []
-    collaborators = SimpleNamespace(saver=SimpleNamespace(wait=lambda: None), close=lambda: closed.append(1))
+    collaborators = SimpleNamespace(saver=SimpleNamespace(wait=lambda: None, abandon=lambda e: None),
+                                    close=lambda: closed.append(1))
     with pytest.raises(PeerFailed) as e:
         run_end.finish(resolve_run("--max_steps", "60"), Trainer(), NoComm(), collaborators)
     assert e.value.exit_code == 1 and e.value.kind == "peer" and closed
@@ -119,3 +120,61 @@ def test_rank_0_fails_the_save_with_another_ranks_error_as_a_system_error(tmp_pa
     with pytest.raises(shard_writer.PartFailed, match="rank 1 could not write its part of checkpoint-4: OSError") as e:
         shard_writer.collect(tmp, 2, 4)
     assert e.value.exit_code == 1 and e.value.kind == "system"
+
+
+def _async_end(tmp_path, monkeypatch, write, error):
+    """Rank 1 of 2 with async_save: `write` as its writer's `write_rank`, in the background; then its loop ends with
+    `error` (`train` raises it) through `run_end.finish`, as in a launch. Returns checkpoint-6.tmp/'s names after."""
+    from types import SimpleNamespace
+
+    from run_helpers import resolve_run
+
+    from pretrain_cli.training import run_end
+
+    monkeypatch.setattr(shard_writer, "write_rank", write)
+    saver = checkpoint.Saver(tmp_path, None, NoComm(), {}, None, "float32", None, async_save=True, rank=1,
+                             world_size=2, layout="dp")
+
+    class Trainer:
+        state = SimpleNamespace(global_step=6)
+
+        def train(self):
+            saver(6, [], None)
+            raise error
+
+    with pytest.raises(type(error)):
+        run_end.finish(resolve_run("--max_steps", "12"), Trainer(), NoComm(),
+                       SimpleNamespace(saver=saver, close=lambda: None))
+    tmp = tmp_path / "checkpoint-6.tmp"
+    return sorted(p.name for p in tmp.iterdir()) if tmp.exists() else None
+
+
+def test_an_async_save_rank_0_failed_leaves_no_tmp_made_again_by_another_rank(tmp_path, monkeypatch):
+    """R8: 2 MB tmpfs, launch.sh NPROC=2 --async_save true: exit 1 and checkpoint-6.tmp/ left holding rank 1's
+    model-00002-of-00002.safetensors and rank-00001.done.json: rank 0 failed the save and removed the directory, and
+    rank 1's background writer, which never waits for rank 0, made it again. Rank 1 removes it as it ends (rank 0's
+    failure reaches it as PeerFailed); its own write failing too."""
+    def late(tmp, rank, world, pieces):  # (rank 0 has removed the directory already)
+        tmp.mkdir(parents=True)
+        (tmp / "model-00002-of-00002.safetensors").write_bytes(b"x" * 64)
+        (tmp / shard_writer.RECORD.format(rank)).write_text('{"rank": 1, "files": {}, "pieces": []}')
+
+    lost = PeerFailed("rank 1: lost rank 0 while it was publishing checkpoint-6 (Broken pipe); see workerlog.0")
+    assert _async_end(tmp_path, monkeypatch, late, lost) is None
+
+    def full(tmp, rank, world, pieces):
+        tmp.mkdir(parents=True)
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "model-00002-of-00002.safetensors"))
+
+    assert _async_end(tmp_path, monkeypatch, full, OSError(errno.ENOSPC, "No space left on device")) is None
+
+
+def test_an_async_save_every_rank_wrote_is_left_to_rank_0(tmp_path, monkeypatch):
+    """Every rank's record in it: rank 0 may be renaming it into checkpoint-6 now, so rank 1 leaves it."""
+    def whole(tmp, rank, world, pieces):
+        tmp.mkdir(parents=True)
+        for r in range(world):
+            (tmp / shard_writer.RECORD.format(r)).write_text(f'{{"rank": {r}, "files": {{}}, "pieces": []}}')
+
+    lost = PeerFailed("rank 1: lost rank 2 while in collective at step 7; see workerlog.2")
+    assert _async_end(tmp_path, monkeypatch, whole, lost) == ["rank-00000.done.json", "rank-00001.done.json"]

@@ -11,6 +11,11 @@ At most one save is in flight: the next `submit` first waits for the previous on
 Megatron do the same; two would double the host memory). A writer's error is kept and raised in the
 training thread at the next `submit` or `wait`, so it surfaces as the CLI's one line (an `OSError`
 naming the file) rather than as a dead thread.
+
+A rank other than 0 never waits for rank 0's verdict on a background write (a synchronous save does), so after
+rank 0 failed a save and removed its checkpoint-N.tmp/, such a rank still writing made it again (its files, its
+record) and the failed save left it behind: that rank removes it as it ends with an error
+(`checkpoint.Saver.abandon`), unless every rank's record is in it (`publishable`: rank 0 may be renaming it).
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ class AsyncWriter:
     def __init__(self):
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self.last: str | None = None  # what the last write submitted wrote (`submit`'s `what`)
+        self.failed = False  # whether that write raised
 
     def submit(self, what: str, fn) -> float:
         """Start `fn()` in the background once the previous write is done; returns the seconds spent waiting."""
@@ -30,11 +37,13 @@ class AsyncWriter:
         self.wait()
         waited = time.perf_counter() - start
 
+        self.last, self.failed = what, False
+
         def work():
             try:
                 fn()
             except BaseException as e:  # raised in the training thread by the next submit / wait
-                self._error = e
+                self._error, self.failed = e, True
 
         self._thread = threading.Thread(target=work, name=f"save {what}", daemon=True)
         self._thread.start()
@@ -75,3 +84,20 @@ class HostStaging:
             held = self._bufs[key] = (buf, np.from_dlpack(buf))
         paddle.assign(tensor, output=held[0])
         return held[1]
+
+
+def publishable(tmp, world: int) -> bool:
+    """Whether checkpoint-N.tmp/ `tmp` holds every rank's completion record and no error: only then may rank 0 be
+    publishing it (`shard_writer.collect` waits for all of them), so only then may another rank not remove it."""
+    import json
+
+    from pretrain_cli.training.shard_writer import RECORD
+
+    for rank in range(world):
+        try:
+            record = json.loads((tmp / RECORD.format(rank)).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        if not isinstance(record, dict) or "error" in record or "lost" in record:
+            return False
+    return True

@@ -352,6 +352,20 @@ class Saver:
         if self.writer is not None:
             self.writer.wait()
 
+    def abandon(self, error: BaseException | None) -> None:
+        """A rank other than 0 ending with `error`, its background write done (`run_end.finish`): that checkpoint's
+        .tmp, unpublished, is removed when rank 0 will not publish it: this rank's write failed, or a rank did
+        (`PeerFailed`), and not every rank's record is in it (`async_save.publishable`)."""
+        from pretrain_cli.training.async_save import publishable
+
+        last = self.writer.last if self.writer is not None and self.rank != 0 else None
+        if last is None or not (self.writer.failed or isinstance(error, PeerFailed)):
+            return
+        final = self.out / last
+        tmp = shard_writer.tmp_dir(final)
+        if not final.exists() and tmp.exists() and not publishable(tmp, self.world_size):
+            shard_writer.drop(tmp)
+
     def newest(self, is_rank0: bool) -> Path | None:
         """Every rank: the newest complete checkpoint, the same one on all of them (a rollback's target), or
         None. Rank 0 finishes the write in flight first and names it; the others take the same one."""

@@ -68,6 +68,8 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
     rank_exit.leave(comm, end, UserError(os_error_line(error)) if isinstance(error, OSError) else error)
     if end == rank_exit.End.ALONE:  # a background write is published or given up (it may wait for a rank now gone)
         _wait_for_saves(collaborators.saver, quiet=True)
+        if collaborators.saver is not None:  # (its .tmp, should rank 0 not publish it)
+            collaborators.saver.abandon(error)
     if error is not None:
         raise error
     if results is not None and not r.parallel.is_rank0:
