@@ -72,9 +72,10 @@ done
 if [ -z "$out" ]; then  # the argument file read as the run reads it: JSON, or YAML by its name
   out=$("$PY" "$HERE/job.py" output_dir "${1:-}" 2>/dev/null || true)
 fi
-# One node: a live run holding output_dir refuses this launch before the launcher opens its logs, which are
-# that run's (output_dir/log). (Several nodes start together and one of them takes the lock: not asked there.)
-if [ -z "${MASTER:-}" ] && [ -n "$out" ]; then
+# A live run holding output_dir refuses this launch before the launcher opens its logs, which are that run's
+# (output_dir/log). Asked on one node, and under MASTER on node 0, whose rank 0 takes the lock and has not started yet;
+# another node's own job's rank 0 may hold it already (the nodes start together): not asked there.
+if { [ -z "${MASTER:-}" ] || [ "${NODE_RANK:-}" = "0" ]; } && [ -n "$out" ]; then
   held=0
   "$PY" "$HERE/job.py" held "$out" || held=$?
   if [ "$held" -eq 2 ]; then exit 2; fi

@@ -156,7 +156,8 @@ def test_a_failed_rendezvous_is_retried_with_new_ports_without_counting_as_a_res
 def test_a_live_run_holding_output_dir_refuses_the_launch_before_the_launcher_opens_its_logs(tmp_path):
     """The launcher's logs are output_dir/log: a second launch into a running job's directory is refused by
     launch.sh itself (the lock's one line, exit 2), not by the second job's rank 0 writing into the first's log.
-    Several nodes (MASTER) start together and one takes the lock: not asked there. A stale lock: launched."""
+    Several nodes (MASTER) start together and node 0's rank 0 takes the lock: asked on node 0 only (its rank 0 has
+    not started yet; the other nodes' job's rank 0 may hold it already). A stale lock: launched."""
     import json
     import socket
 
@@ -173,8 +174,14 @@ def test_a_live_run_holding_output_dir_refuses_the_launch_before_the_launcher_op
     out = subprocess.run(["bash", str(SCRIPT), "cfg.json"], env=env, capture_output=True, text=True, timeout=60,
                          cwd=tmp_path)
     assert out.returncode == 2 and not (tmp_path / "cmd.txt").exists()
-    assert out.stderr.strip() == (f"error: output_dir: run is in use by another run (pid {os.getpid()} on this host, "
-                                  f"started then); wait for it to finish, stop it, or choose another output_dir")
+    refused = (f"error: output_dir: run is in use by another run (pid {os.getpid()} on this host, started then); "
+               f"wait for it to finish, stop it, or choose another output_dir")
+    assert out.stderr.strip() == refused
+    # W2/R8: a second two-node job's node 0 wrote log/node-0 into the live run's folder (its rank 0 refused later)
+    out = subprocess.run(["bash", str(SCRIPT), "cfg.json"], env={**env, "MASTER": "10.0.0.1:8090", "NNODES": "2",
+                                                                 "NODE_RANK": "0"},
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 2 and not (tmp_path / "cmd.txt").exists() and out.stderr.strip() == refused
     cmd = _launch(tmp_path, "--output_dir=free")  # the command line's directory is asked, in either spelling
     assert cmd[cmd.index("--log_dir") + 1] == "free/log"
     assert "--log_dir" in _launch(tmp_path, MASTER="10.0.0.1:8090", NNODES="2", NODE_RANK="1")
