@@ -150,7 +150,7 @@ def test_stop_message_says_how_to_continue():
     from pretrain_cli.training.run_end import stop_message
 
     def output(overwrite):
-        return SimpleNamespace(overwrite=overwrite, output_dir="o")
+        return SimpleNamespace(overwrite=overwrite, output_dir="o", resume_from=None)
 
     assert "re-run the same command to resume from checkpoint-7" in stop_message(output(False), 7)
     text = stop_message(output(True), 7)

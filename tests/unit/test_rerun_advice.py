@@ -6,10 +6,11 @@ import signal
 from pretrain_cli.distributed.launcher import rerun, watcher
 
 
-def _line(tmp_path, out, me=1, culprit=1, kind="died"):
+def _line(tmp_path, out, me=1, culprit=1, kind="died", **output):
     shared = tmp_path / "shared"
     shared.mkdir(exist_ok=True)
-    w = watcher.Watcher(me, {0: 10, 1: 11}, "h", shared, None, grace=1.0, output_dir=str(out), remote={2: "other"})
+    w = watcher.Watcher(me, {0: 10, 1: 11}, "h", shared, None, grace=1.0, output_dir=str(out), remote={2: "other"},
+                        **output)
     return w._line({"kind": kind, "ranks": [culprit], "statuses": [signal.SIGKILL]})
 
 
@@ -34,3 +35,38 @@ def test_no_checkpoint_says_the_re_run_starts_from_step_0(tmp_path):
         assert f"to start from step 0 ({out} holds no complete checkpoint)." in line, line
         assert "resume" not in line
     assert rerun.resumes(None) == "resume from the newest complete checkpoint of output_dir, if any"
+
+
+def test_under_overwrite_the_advice_says_the_same_command_starts_at_step_0(tmp_path):
+    """With overwrite_output_dir: true a re-run removes checkpoint-3 ('overwrite_output_dir: removed checkpoint-3'):
+    the advice said 'to resume from out/checkpoint-3'."""
+    out = tmp_path / "out"
+    (out / "checkpoint-3").mkdir(parents=True)
+    line = _line(tmp_path, out, overwrite=True)
+    assert ("Re-run the same command (or launch with MAX_RESTART) to start again from step 0 (overwrite_output_dir: "
+            f"true removes the earlier checkpoints); to continue instead, set resume_from_checkpoint to "
+            f"{out / 'checkpoint-3'} (the newest complete checkpoint).") in line, line
+    assert "to resume from" not in line
+
+
+def test_an_explicit_resume_from_checkpoint_is_where_the_same_command_starts(tmp_path):
+    out = tmp_path / "out"
+    for name in ("checkpoint-3", "checkpoint-9"):
+        (out / name).mkdir(parents=True)
+    for overwrite in (False, True):  # resume_from_checkpoint wins over overwrite (`resumed.find_resume`)
+        line = _line(tmp_path, out, overwrite=overwrite, resume_from=str(out / "checkpoint-3"))
+        assert (f"to resume from {out / 'checkpoint-3'}, the checkpoint resume_from_checkpoint names (to continue from "
+                f"the newest complete one instead, set it to {out / 'checkpoint-9'}).") in line, line
+    same = _line(tmp_path, out, resume_from=str(out / "checkpoint-9"))
+    assert f"to resume from {out / 'checkpoint-9'}, the checkpoint resume_from_checkpoint names." in same, same
+
+
+def test_a_stop_s_line_follows_the_same_judge():
+    from types import SimpleNamespace
+
+    from pretrain_cli.training.run_end import stop_message
+
+    named = stop_message(SimpleNamespace(overwrite=False, output_dir="o", resume_from="o/checkpoint-3"), 7)
+    assert named == ("stopped at step 7 and saved checkpoint-7; the same command resumes from o/checkpoint-3, which "
+                     "resume_from_checkpoint names: to continue from here, set it to o/checkpoint-7")
+    assert rerun.judge(True, "o/checkpoint-3") == rerun.NAMED and rerun.judge(True, None) == rerun.OVER

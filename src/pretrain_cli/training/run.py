@@ -90,7 +90,8 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
     same_run.check(comm, spec.fingerprint(), r.output.output_dir)  # every node the same run, one output_dir
     spec = same_run.resume(comm, spec)  # rank 0's checkpoint on every rank, and what the run keeps from it
     r, record = spec.run, args_record(spec)
-    watchdog.start(r.parallel, hang_timeout=r.loop.hang_timeout, output_dir=str(r.output.output_dir))
+    watchdog.start(r.parallel, hang_timeout=r.loop.hang_timeout, output_dir=str(r.output.output_dir),
+                   overwrite=r.output.overwrite, resume_from=r.output.resume_from)
     if r.parallel.is_rank0:  # its watcher frees the lock should another rank's error end this one without `finally`
         watchdog.holding(Path(r.output.output_dir) / run_lock.LOCK_FILE)
     for line in spec.describe():

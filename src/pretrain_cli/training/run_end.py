@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pretrain_cli import run_dir
-from pretrain_cli.distributed.launcher import progress
+from pretrain_cli.distributed.launcher import progress, rerun
 from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_out_of_memory, os_error_line
 from pretrain_cli.training import checkpoint, closing, rank_exit
 from pretrain_cli.training.metrics import log
@@ -101,8 +101,13 @@ def _wait_for_saves(saver: checkpoint.Saver, quiet: bool = False) -> None:
 
 
 def stop_message(output, step: int) -> str:
-    """`output`: the run's `Output` (overwrite_output_dir and output_dir)."""
-    if output.overwrite:
+    """`output`: the run's `Output`; where the same command starts is `rerun.judge`'s (the watchers' advice too)."""
+    how = rerun.judge(output.overwrite, output.resume_from)
+    if how == rerun.NAMED:
+        return (f"stopped at step {step} and saved checkpoint-{step}; the same command resumes from "
+                f"{output.resume_from}, which resume_from_checkpoint names: to continue from here, set it to "
+                f"{run_dir.checkpoint_dir(output.output_dir, step)}")
+    if how == rerun.OVER:
         return (f"stopped at step {step} and saved checkpoint-{step}; with overwrite_output_dir: true the same "
                 f"command starts again from step 0: to continue, set resume_from_checkpoint to "
                 f"{run_dir.checkpoint_dir(output.output_dir, step)}")

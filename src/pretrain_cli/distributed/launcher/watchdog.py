@@ -73,11 +73,11 @@ _OWNERS = None  # this rank's descriptor holding its shared lock on the watch di
 
 
 def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | None = None,
-          output_dir: str | None = None) -> None:
+          output_dir: str | None = None, overwrite: bool = False, resume_from: str | None = None) -> None:
     """Start this rank's watcher (a job of one process needs none; a rank alone on its host gets one too: it names
     its own rank's death or hang, and a gloo abort as the loss of a rank on another host); `hang_timeout`: the run's
-    key (`distributed.launcher.progress.allowance`); `output_dir`: the run's, whose newest checkpoint its line's
-    re-run advice names (`rerun`)."""
+    key (`distributed.launcher.progress.allowance`); `output_dir`, `overwrite`, `resume_from`: the run's output
+    settings, from which its line's re-run advice names where the same command starts (`rerun`)."""
     if parallel.world_size <= 1:
         return
     import socket
@@ -105,7 +105,8 @@ def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | N
     global _OWNERS
     shared, _OWNERS = tempdirs.watch_dir(bytes(store.get(f"{_KEY}/job")).decode())
     progress.open_record(shared / f"progress.{me}")
-    _spawn(Watcher(me, ranks, host, shared, job.verdict_dir(), grace, hang_timeout, remote, output_dir))
+    _spawn(Watcher(me, ranks, host, shared, job.verdict_dir(), grace, hang_timeout, remote, output_dir, overwrite,
+                   resume_from))
 
 
 def _spawn(watcher: Watcher) -> None:

@@ -93,12 +93,14 @@ def exit_fds(ranks: dict) -> dict:
 class Watcher:
     """The watcher of rank `me` (`ranks`: this host's ranks -> pids; `shared`: the host's watch directory;
     `verdicts`: launch.sh's directory or None; `grace`: how long its rank gets to die; `hang_timeout`: the run's
-    key; `output_dir`: the run's, whose newest checkpoint the re-run advice names)."""
+    key; `output_dir`, `overwrite`, `resume_from`: the run's output settings, from which the re-run advice names
+    where the same command starts: `rerun`)."""
 
     def __init__(self, me: int, ranks: dict, host: str, shared: Path, verdicts: Path | None, grace: float,
-                 hang_timeout: float | None = None, remote: dict | None = None, output_dir: str | None = None):
+                 hang_timeout: float | None = None, remote: dict | None = None, output_dir: str | None = None,
+                 overwrite: bool = False, resume_from: str | None = None):
         self.me, self.ranks, self.host, self.shared, self.verdicts = me, ranks, host, shared, verdicts
-        self.output_dir = output_dir  # the run's: a re-run's starting point is named from it (`rerun`)
+        self.output = (output_dir, overwrite, resume_from)  # the run's: a re-run's starting point (`rerun`)
         self.grace, self.parent, self.hang_timeout = grace, ranks[me], hang_timeout
         self.remote = dict(remote or {})  # the job's ranks on other hosts -> their host (not watched from here)
         self.evidence = Evidence(me, ranks, shared)
@@ -351,7 +353,7 @@ class Watcher:
 
     def _line(self, cause: dict, own: bool = False) -> str:
         causes, statuses, named = cause["ranks"], cause["statuses"], self._named(cause)
-        resumes = rerun.resumes(self.output_dir)  # (as output_dir holds it now)
+        resumes = rerun.resumes(*self.output)  # (as output_dir holds it now)
         if cause["kind"] == "lost":  # the cause is elsewhere: its node's log, not this host's, says what it was
             lead, stop = ("", "") if self.me in causes or own else (f"rank {self.me}: ", "; this rank stops too")
             return (f"\n{rank_log.PREFIX}{lead}{named}{stop}. Re-run the same command (or launch with MAX_RESTART) to "
