@@ -12,6 +12,7 @@ import uuid
 
 from test_joining import JOINS, _node, _two_nodes
 
+from pretrain_cli import processes
 from pretrain_cli.distributed.launcher import account, job
 from pretrain_cli.distributed.launcher.ports import reserve
 
@@ -25,7 +26,7 @@ job.record(rank, 0, "stopped", {STOPPED!r})  # its stop by the ranks' agreement,
 sys.stdout.flush()
 os._exit(0)
 """
-SLEEPS = JOINS + "open(sys.argv[3], 'w').write(str(os.getpid()))\ntime.sleep(300)\n"
+SLEEPS = JOINS + "import time\nopen(sys.argv[3], 'w').write(str(os.getpid()))\ntime.sleep(300)\n"
 
 
 def test_a_node_killed_after_the_join_is_named_and_the_other_does_not_end_0(tmp_path):
@@ -39,9 +40,14 @@ def test_a_node_killed_after_the_join_is_named_and_the_other_does_not_end_0(tmp_
             assert procs[1].poll() is None and time.monotonic() < deadline, procs[1].stderr.read()
             time.sleep(0.1)
         time.sleep(2.0)  # a few beats after the join
+        rank = int((tmp_path / "pid").read_text())
+        # node 1's rank and launcher alive when killed: a rank dead before (its script failing after the join) has
+        # its launcher say `ended`, and node 0 rightly ends 0: that is no test of a lost node
+        logs = [p.read_text() for p in (tmp_path / "log-dies").glob("*")]
+        assert processes.alive(rank) and procs[1].poll() is None, logs
         os.killpg(procs[1].pid, signal.SIGKILL)  # node 1's launcher, nothing said
         with contextlib.suppress(ProcessLookupError):  # and its rank (its own session), if its launcher's death has not
-            os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
+            os.kill(rank, signal.SIGKILL)
         (tmp_path / "gone").write_text("")
 
     ends = _two_nodes(tmp_path, _node(tmp_path, "stops", master, job_id, STOPS, tmp_path / "going", tmp_path / "in0",
