@@ -230,9 +230,9 @@ def test_many_inputs_are_compared_only_where_one_may_hold_another(tmp_path, monk
 
 
 def test_a_source_whose_lengths_recur_in_some_inputs_is_said_once(tmp_path):
-    """s in `xs`, and in `ss1` and `yss2` next to its lengths with other tokens: there s's windows are keyed by
-    their tokens too, which only those two share, so s was said twice, the second time "twice" of ss1 and yss2
-    alone. One line now, 3 times."""
+    """s in `xs`, and in `ss1` and `yss2` next to its lengths with other tokens: s was said twice, the second time
+    "twice" of ss1 and yss2 alone. One line, 3 times: the run ss1 and yss2 share lies where xs's line named them
+    both (a run inside one said is said again only with an input that line did not name there)."""
     s = _docs(30, 1)
     xs, ss1, yss2 = _open(tmp_path, xs=_docs(5, 2) + s, ss1=s + _other_tokens(s, 3),
                           yss2=_docs(4, 4) + s + _other_tokens(s, 5))
@@ -240,3 +240,61 @@ def test_a_source_whose_lengths_recur_in_some_inputs_is_said_once(tmp_path):
         f"{tmp_path / 'xs'}: its sequences 5 to 34 of 35 (30 sequences) are sequences 0 to 29 of 60 of "
         f"{tmp_path / 'ss1'} and sequences 4 to 33 of 64 of {tmp_path / 'yss2'}; joined, they are trained on 3 times: "
         "preprocess all but one again without that source unless you mean to repeat them"]
+
+
+def test_a_source_inside_a_run_said_is_said_again_with_the_inputs_that_hold_it_alone(tmp_path):
+    """s + x in `a` and `m`, x alone in `c` and `d` too: x is trained on 4 times, but only the run s + x was said,
+    "twice" (x's run lay inside it and was skipped as said). A run inside one said is skipped only when its line
+    named every input holding it there."""
+    s, x = _docs(10, 1), _docs(12, 2)
+    a, m, c, d = _open(tmp_path, a=_docs(2, 3) + s + x + _docs(2, 4), m=s + x + _docs(3, 5), c=x + _docs(2, 6),
+                       d=_docs(4, 7) + x)
+    assert repeats.repeated_inputs([a, m, c, d]) == [
+        f"{tmp_path / 'a'}: its sequences 2 to 23 of 26 (22 sequences) are sequences 0 to 21 of 25 of "
+        f"{tmp_path / 'm'}{_TAIL}",
+        f"{tmp_path / 'a'}: its sequences 12 to 23 of 26 (12 sequences) are sequences 10 to 21 of 25 of "
+        f"{tmp_path / 'm'}, sequences 0 to 11 of 14 of {tmp_path / 'c'} and sequences 4 to 15 of 16 of "
+        f"{tmp_path / 'd'}; joined, they are trained on 4 times: preprocess all but one again without that source "
+        "unless you mean to repeat them"]
+
+
+def test_a_small_input_inside_two_others_does_not_hide_their_shared_run(tmp_path):
+    """s in `xs` and `sy`, and 2 of its sequences in `s2`: s2's line was taken to say the whole run of 20 the two
+    share (it overlapped the run), so only s2 was said. An input inside both accounts for a run only if it covers
+    it."""
+    s = _docs(20, 8)
+    xs, sy, s2 = _open(tmp_path, xs=_docs(1, 9) + s, sy=s + _docs(1, 10), s2=s[5:7])
+    assert repeats.repeated_inputs([xs, sy, s2]) == [
+        f"{tmp_path / 's2'}: its 2 sequences are sequences 6 to 7 of 21 of {tmp_path / 'xs'} and sequences 5 to 6 of "
+        f"21 of {tmp_path / 'sy'}; joined, they are trained on 3 times: drop the repeats unless you mean to repeat them",
+        f"{tmp_path / 'xs'}: its sequences 1 to 20 of 21 (20 sequences) are sequences 0 to 19 of 21 of "
+        f"{tmp_path / 'sy'}{_TAIL}"]
+
+
+def test_a_source_whose_lengths_come_earlier_in_one_input_with_other_tokens_is_said(tmp_path):
+    """s after a decoy of its lengths with other tokens in `a`, and in `b` alone: in a, s's windows' lengths recur,
+    so their lengths' keys were kept at the decoy; in b they were unique, keyed by lengths alone: the one key both
+    shared pointed at the decoy, and nothing was said. Each window is keyed by its tokens now. Long documents cut
+    into 64-token pieces are such lengths."""
+    s = _docs(8, 11)
+    a, b = _open(tmp_path, a=_other_tokens(s, 12) + s, b=s + _docs(1, 13))
+    assert repeats.repeated_inputs([a, b]) == [
+        f"{tmp_path / 'a'}: its sequences 8 to 15 of 16 (8 sequences) are sequences 0 to 7 of 9 of {tmp_path / 'b'}"
+        f"{_TAIL}"]
+    # two documents cut into 64-token pieces (4 and a tail, 3 and a tail), two of the same shapes earlier in one
+    rng = np.random.default_rng(0)
+    s = [rng.integers(1, 1000, k).tolist() for k in (64, 64, 64, 64, 17, 64, 64, 64, 40)]
+    a, b = _open(tmp_path, pieces=_docs(20, 18, (64, 65)) + _other_tokens(s, 19) + s, small=[[4] * 9] + s)
+    assert repeats.repeated_inputs([a, b]) == [
+        f"{tmp_path / 'pieces'}: its sequences 29 to 37 of 38 (9 sequences) are sequences 1 to 9 of 10 of "
+        f"{tmp_path / 'small'}{_TAIL}"]
+
+
+def test_sequences_alternating_with_a_short_period_are_no_shared_source(tmp_path):
+    """[0] (an EOS alone) and empty documents alternating, 12 of them, in two unrelated inputs were said to be a
+    shared source of 12 sequences. A window whose sequences repeat with a period of 4 or less is no anchor, like
+    one sequence repeated."""
+    for name, filler in (("two", [[0], []]), ("three", [[0], [], [1, 2]]), ("four", [[0], [], [0], [3]])):
+        p, q = _open(tmp_path, **{f"p_{name}": _docs(5, 14) + filler * 6 + _docs(5, 15),
+                                  f"q_{name}": _docs(6, 16) + filler * 6 + _docs(4, 17)})
+        assert repeats.repeated_inputs([p, q]) == [], name

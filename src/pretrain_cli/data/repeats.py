@@ -143,7 +143,8 @@ def _shared_runs(datasets, groups, inside) -> list[str]:
     """One line per run of at least `RUN` sequences that an input holds among others of its own and other inputs
     hold too, neither inside the other (`ab` = a + b and `bc` = b + c: b), naming every place holding it (its own
     input's other places, and inputs held inside another too: `_said`), found for each group of identical inputs
-    through its first, and said once. Runs an input found inside both holders accounts for are not said again.
+    through its first, and said once. A run that an input found inside both holders covers is not said again (that
+    input's line names both), nor one inside a run said whose line named every input holding it there.
     How: each input's windows of `RUN` sequences get a key (`window_keys.anchors`); 1 in ceil(windows /
     `window_keys.ANCHORS`) is kept by key (the same windows in every input: a run shorter than a few times that
     stride may go unsaid), each key at its first window in its input; the keys of all inputs are sorted together
@@ -196,9 +197,9 @@ def _shared_runs(datasets, groups, inside) -> list[str]:
             for run in _grown(datasets[reps[ga]], datasets[reps[gb]], np.sort(starts), d):
                 if not _accounted(ga, gb, run, inside, datasets, groups):
                     runs.setdefault((ga, *run), []).append(gb)
-    lines, spans = [], {}  # spans: group -> (start, stop) of each run said there
-    for ga, start, n in sorted(runs):
-        if not any(lo <= start and start + n <= hi for lo, hi in spans.get(ga, ())):  # (said from another input)
+    lines, spans = [], {}  # spans: group -> (start, stop, the groups its line named) of each run said there
+    for (ga, start, n), held in sorted(runs.items()):  # (a run inside one said is said again if it has more holders)
+        if not any(lo <= start and start + n <= hi and named.issuperset(held) for lo, hi, named in spans.get(ga, ())):
             lines.append(_said(datasets, groups, reps, ga, start, n, sorted(near[ga]), spans))
     return lines
 
@@ -206,19 +207,22 @@ def _shared_runs(datasets, groups, inside) -> list[str]:
 def _said(datasets, groups, reps, ga, start, n, others, spans) -> str:
     """The line of a shared run, counting every place that holds it (`_repeat_at`) in each of the `others`, those
     held inside another too: a source an input holds twice is trained on once more for each. Each place is noted
-    in `spans`, so that the run is not said again from another input."""
+    in `spans` with the groups named, so that the run, or one inside it held by no other, is not said again from
+    another input."""
     a = datasets[reps[ga]]
     own = [s for s in _repeat_at(a, a, start, n) if abs(s - start) >= n]
     said = [f"its {_spans(own, n)}"] if own else []
     times = len(groups[ga]) * (1 + len(own)) - 1
-    spans.setdefault(ga, []).extend((s, s + n) for s in [start, *own])
+    named, places = {ga}, {ga: [start, *own]}
     for gb in others:
         b = datasets[reps[gb]]
-        places = _repeat_at(b, a, start, n)
-        if places:
-            said.append(f"{_spans(places, n)} of {len(b):,} of {b.prefix}")
-            times += len(groups[gb]) * len(places)
-            spans.setdefault(gb, []).extend((s, s + n) for s in places)
+        places[gb] = _repeat_at(b, a, start, n)
+        if places[gb]:
+            said.append(f"{_spans(places[gb], n)} of {len(b):,} of {b.prefix}")
+            times += len(groups[gb]) * len(places[gb])
+            named.add(gb)
+    for g, at in places.items():
+        spans.setdefault(g, []).extend((s, s + n, named) for s in at)
     return (f"{a.prefix}: its sequences {start:,} to {start + n - 1:,} of {len(a):,} "
             f"({count(n, 'sequence', grouped=True)}) are {_listed(said)}; joined, they are trained on "
             f"{_times(times)}: preprocess {'one of them' if times == 1 else 'all but one'} again without "
@@ -284,9 +288,10 @@ def _edge(a, b, d: int, known: int, limit: int, way: int) -> int:
 
 
 def _accounted(ga, gb, run, inside, datasets, groups) -> bool:
-    """Whether an input found inside both `ga` and `gb` lies where `run` is in ga: its line says both already."""
+    """Whether an input found inside both `ga` and `gb` covers `run` in ga: its line says both hold the run already
+    (one inside only part of the run does not say the rest)."""
     start, n = run
-    return any(h == ga and (c, gb) in inside and at < start + n and start < at + len(datasets[groups[c][0]])
+    return any(h == ga and (c, gb) in inside and at <= start and start + n <= at + len(datasets[groups[c][0]])
                for (c, h), places in inside.items() for at in places)
 
 

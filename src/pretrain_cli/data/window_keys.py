@@ -15,60 +15,28 @@ _SALT = np.uint64(0x9E3779B97F4A7C15)  # keeps a window keyed with tokens apart 
 
 def anchors(ds, stride) -> tuple[np.ndarray, np.ndarray]:
     """(keys, starts) of `ds`'s windows of `RUN` sequences whose key is a multiple of `stride`, each key once, at
-    its first window (a source an input holds twice is still found where it first is). A window is keyed by its
-    lengths; one whose lengths are all one (fixed-size windows) by its sequences' lengths and first and middle
-    tokens instead (`_by_tokens`), and none is kept whose sequences are all alike so (empty or padding documents
-    in a row: any two inputs may hold such a window without sharing a source). A window whose lengths' key recurs
-    in its chunk of `CHUNK` windows, or among the lengths' keys its input keeps, is keyed by its sequences too,
-    besides (the same window in another input, unique there, has its lengths' key alone): lengths that recur all
-    through an input (10, 20, 30, ...) still tell its windows apart. Whether a key is kept is decided by the key,
-    never by the input around it, so each input keeps the same ones. Memory: `CHUNK` windows are keyed at a
-    time, those recurring in their chunk there and then (each sequence read once); each chunk keeps each lengths'
-    key once, so a few lengths repeated all through an input cost a few entries, not one a window; a key found in
-    two chunks has its first windows keyed by their sequences after, `CHUNK` at a time."""
+    its first window (a source an input holds twice is still found where it first is). Every window is keyed by
+    its sequences' lengths and first and middle tokens (`_by_tokens`), never by its lengths alone: lengths recur
+    (10, 20, 30, ... all through an input; long documents cut into pieces of one size), and a window keyed by
+    lengths in one input and kept at its first such window would point at other tokens of those lengths there
+    while the other input's copy points at the source. None is kept whose sequences repeat with a period of 4 or
+    less (empty or padding documents in a row, EOS-only and empty ones alternating): any two inputs may hold such
+    a window without sharing a source. Whether a window is kept is decided by its key alone, so each input keeps
+    the same ones. Memory: `CHUNK` windows are keyed at a time (each sequence read once: two tokens), and only the
+    kept ones are held; each key once, so a window repeated all through an input costs one entry."""
     sizes = np.asarray(ds.sizes)
     n = len(sizes) - RUN + 1
-    plain, keyed = [], []  # (keys, starts, keyed by tokens already) by lengths, each once a chunk; (keys, starts)
+    parts = []  # (keys, starts) kept in each chunk
     for c0 in range(0, max(n, 0), CHUNK):
         lengths = sizes[c0 : min(n, c0 + CHUNK) + RUN - 1].astype(np.uint64)
-        keys, flat = window_hashes(lengths, RUN), _one_length(lengths, RUN)
-        ordered = np.sort(keys[~flat])
-        twice = ordered[1:][ordered[1:] == ordered[:-1]]  # lengths' keys found more than once in the chunk
-        tokens = flat | (np.isin(keys, np.unique(twice)) if len(twice) else False)  # keyed by tokens too
-        kept = np.flatnonzero(~flat & (keys % stride == 0))
-        if len(twice):  # (each key once, in window order: a key's first is its first window)
-            kept = kept[np.sort(first_of_each(keys[kept])[0])]
-        plain.append((keys[kept], kept + c0, tokens[kept]))
-        del ordered, twice, keys, kept
-        again, one = _by_tokens(ds, c0, lengths, RUN, tokens)
-        take = np.flatnonzero(tokens & ~one & (again % stride == 0))
-        keyed.append((again[take], take + c0))
-        del again, one, tokens, take
-    keys, at = _joined(plain)
-    done = np.concatenate([d for _, _, d in plain]) if plain else np.zeros(0, bool)
-    del plain
-    first, recur = first_of_each(keys)
-    keys, at, late = keys[first], at[first], np.sort(at[recur[~done[recur]]])  # late: recur in other chunks only
-    del first, recur, done
-    for c0 in range(0, len(late), CHUNK):
-        starts = late[c0 : c0 + CHUNK]
-        rows = (starts[:, None] + np.arange(RUN)).ravel()  # [windows * RUN]: the sequences of a chunk of them
-        each = sequence_keys(ds, rows, sizes[rows].astype(np.uint64)).reshape(len(starts), RUN)  # [windows, RUN]
-        again = np.zeros(len(starts), np.uint64)
-        for j in range(RUN):  # (as `window_hashes` sums them)
-            again += each[:, j] * _WEIGHTS[j]
-        again ^= _SALT
-        kept = again % stride == 0
-        keyed.append((again[kept], starts[kept]))
-        del rows, each, again
-    del late
-    again, again_at = _joined(keyed)
-    del keyed
-    order = np.argsort(again_at, kind="stable")  # windows in order, so that a key's first is its first window
-    again, again_at = again[order], again_at[order]
-    del order
-    first, _ = first_of_each(again)
-    return np.concatenate([keys, again[first]]), np.concatenate([at, again_at[first]])
+        keys, alike = _by_tokens(ds, c0, lengths, RUN, np.ones(len(lengths) - RUN + 1, bool))
+        take = np.flatnonzero(~alike & (keys % stride == 0))
+        parts.append((keys[take], take + c0))
+        del keys, alike, take
+    keys, at = _joined(parts)
+    del parts
+    first = _first_of_each(keys)  # (windows in order: a key's first is its first window)
+    return keys[first], at[first]
 
 
 def first_keys(datasets) -> np.ndarray:
@@ -138,18 +106,27 @@ def _one_length(lengths: np.ndarray, width: int) -> np.ndarray:
     return changes[width - 1 :] == changes[: len(lengths) - width + 1]
 
 
+def _periodic(keys: np.ndarray, width: int, period: int) -> np.ndarray:
+    """Whether each window of `width` of `keys` repeats with `period` (each key the one `period` before)."""
+    if period >= width:
+        return np.zeros(max(len(keys) - width + 1, 0), bool)
+    breaks = np.r_[0, np.cumsum(keys[period:] != keys[:-period])]
+    return breaks[width - period :] == breaks[: len(keys) - width + 1]
+
+
 def _by_tokens(ds, c0: int, lengths: np.ndarray, width: int, which: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(key, whether all alike) of each window of `width` of `lengths` (ds's from sequence c0) marked in `which`
     (others: 0, False), by its sequences' lengths and first and middle tokens (`sequence_keys`: two tokens read
     a sequence there; the middle one tells apart documents that all begin with one BOS token), each sequence read
-    once however many windows hold it; "all alike" is one sequence repeated by those keys (or empty ones)."""
+    once however many windows hold it; "all alike" is those keys repeating with a period of 4 or less (one
+    sequence repeated, empty ones, or [EOS] and empty ones alternating)."""
     keys, one = np.zeros(len(which), np.uint64), np.zeros(len(which), bool)
     if which.any():
         read = np.convolve(which.astype(np.int8), np.ones(width, np.int8))[: len(lengths)] > 0  # their sequences
         each = np.zeros(len(lengths), np.uint64)
         each[read] = sequence_keys(ds, np.flatnonzero(read) + c0, lengths[read])
         keys[which] = window_hashes(each, width)[which] ^ _SALT
-        one[which] = _one_length(each, width)[which]
+        one[which] = (_periodic(each, width, 3) | _periodic(each, width, 4))[which]  # (4 covers 1 and 2)
     return keys, one
 
 
@@ -159,14 +136,11 @@ def _joined(parts) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-def first_of_each(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(where each key first is, where the keys found more than once are): indices into `keys`."""
+def _first_of_each(keys: np.ndarray) -> np.ndarray:
+    """Where each key first is: indices into `keys`."""
     order = np.argsort(keys, kind="stable")
     ordered = keys[order]
-    new = np.r_[True, ordered[1:] != ordered[:-1]][: len(keys)]
-    del ordered
-    alone = new & np.r_[new[1:], True]
-    return order[new], order[~alone]
+    return order[np.r_[True, ordered[1:] != ordered[:-1]][: len(keys)]]
 
 
 def sequence_keys(ds, idx: np.ndarray, lengths: np.ndarray) -> np.ndarray:
