@@ -1,7 +1,8 @@
-"""What `plan`'s first suggestion and the fewest devices say of the eval keys `--fit` sets there (`fit.eval_why`):
-the reason that held, the file's eval batch over the budget or not dividing a data rank's samples, and eval_iters
-keeping the samples an evaluation reads where the data ranks shrink. One generic sentence named both reasons and no
-numbers (each test failed on that code)."""
+"""What `plan`'s first suggestion and the fewest devices say of the eval keys `--fit` sets there, in `--fit`'s eval
+line's words (`fit_report.eval_reasons`): the reason that held, the file's eval batch over the budget or not dividing
+a data rank's samples, and eval_iters set so the layout's data ranks read the file's samples, with the growth of an
+evaluation on more devices said. The first two tests fail on the code before (two wordings; 'to keep' where the
+samples grew); the third failed on the code before that (a KeyError)."""
 import dataclasses
 import json
 from pathlib import Path
@@ -15,33 +16,45 @@ LLAMA3_8B = str(Path(__file__).resolve().parents[2] / "configs" / "llama-3-8b_pr
 QWEN2_72B = ["--model_name_or_path", "Qwen/Qwen2-72B"]
 
 
-def test_an_eval_batch_over_the_budget_is_said_with_its_memory():
+def test_an_eval_batch_over_the_budget_is_said_with_its_memory_as_fit_says_it(capsys):
     """Llama-3-8B at tp 1 + ZeRO-1 with per_device_eval_batch_size 16 on 2 A100-80GB: tp 2 holds 1 data rank, where
-    an eval batch of 16 needs 84.65 GiB; --fit lowers it to 5 and eval_iters to 64 (320 samples kept)."""
+    an eval batch of 16 needs 84.65 GiB; --fit lowers it to 5 and eval_iters to 64 (320 samples kept). `plan`'s
+    suggestion and `--fit`'s eval line say the same clauses (`fit_report.eval_reasons`): they were written twice
+    and read differently ('to keep the 320 samples ... over 1' beside 'the file's 320 samples ... its 2 data
+    ranks')."""
     over = ["--tensor_parallel_degree", "1", "--sharding", "stage1", "--recompute", "false",
             "--per_device_train_batch_size", "1", "--max_seq_length", "2048", "--per_device_eval_batch_size", "16"]
     first = plan(LLAMA3_8B, over, device="A100-80GB", gpus=2)["suggestions"][0]
-    assert first["why"].endswith(
-        "; --fit's eval keys there: per_device_eval_batch_size 16 -> 5 (the file's 16 needs 84.65 GiB, over the "
-        "72.00 GiB budget) and eval_iters 10 -> 64 (to keep the 320 samples an evaluation reads as written on 2 "
-        "devices, 16 x 10 x 2 data ranks, over 1)")
+    said = ("per_device_eval_batch_size 16 -> 5 (the file's 16 needs 84.65 GiB, over the 72.00 GiB budget) and "
+            "eval_iters 10 -> 64 (the file's 320 samples an evaluation, 16 x 10 x its 2 data ranks, over the "
+            "layout's 1 data rank)")
+    assert first["why"].endswith(f"; --fit's eval keys there: {said}")
     assert "does not divide" not in first["why"]
+    assert cli_main(["plan", LLAMA3_8B, *over, "--device", "A100-80GB", "--gpus", "2", "--fit"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  eval per device")]
+    assert line.endswith(f"70.16 GiB at per_device_eval_batch_size 5: {said}")
 
 
-def test_more_devices_say_eval_iters_keeps_the_files_samples_and_fit_o_writes_it(tmp_path, capsys):
+def test_more_devices_say_the_evaluation_grows_and_fit_o_writes_it(tmp_path, capsys):
     """Qwen2-72B from configs/llama-3-8b_pretrain.json on 2 A100-80GB: --gpus 24 with tp 8 leaves 3 data ranks where
-    the file runs 12 there, so eval_iters 10 -> 40 keeps its 240 samples an evaluation (the eval loss stays
-    comparable); the line says so, and `--gpus 24 --fit -o` writes that eval_iters."""
+    the file runs 12 there, so eval_iters 10 -> 40 reads its 240 samples an evaluation there (the eval loss stays
+    comparable with the file's on 24); on the 2 devices asked for the file reads 20 (1 data rank), so the line says
+    the evaluation grows with the data ranks, as the global batch does ('to keep the 240 samples' said it was kept),
+    over the layout's 3 data ranks ('over 3'). `--gpus 24 --fit -o` writes that eval_iters, its line in the same
+    words but for the growth (on 24 the file's own evaluation reads 240)."""
     first = plan(LLAMA3_8B, QWEN2_72B, device="A100-80GB", gpus=2)["suggestions"][0]
     assert first["gpus"] == 24 and first["change"]["eval_iters"] == 40
-    assert first["why"].endswith("; --fit's eval keys there: eval_iters 10 -> 40 (to keep the 240 samples an "
-                                 "evaluation reads as written on 24 devices, 2 x 10 x 12 data ranks, over 3)")
+    assert "global batch 16 -> 48 samples (3 data ranks)" in first["why"]
+    assert first["why"].endswith(
+        "; --fit's eval keys there: eval_iters 10 -> 40 (the file's 240 samples an evaluation on 24 devices, 2 x 10 "
+        "x its 12 data ranks, over the layout's 3 data ranks; an evaluation grows with the data ranks as the global "
+        "batch does: 20 -> 240 samples)")
     out = str(tmp_path / "fitted.json")
     assert cli_main(["plan", LLAMA3_8B, *QWEN2_72B, "--device", "A100-80GB", "--gpus", "24", "--fit", "-o", out]) == 0
     written = json.loads(open(out).read())
     assert written["eval_iters"] == 40 and written["per_device_eval_batch_size"] == 2
-    assert "(eval_iters 10 -> 40: the file's 240 samples an evaluation, 2 x 10 x its 12 data ranks)" in \
-        capsys.readouterr().out
+    assert (": eval_iters 10 -> 40 (the file's 240 samples an evaluation, 2 x 10 x its 12 data ranks, over the "
+            "layout's 3 data ranks)") in capsys.readouterr().out
 
 
 def test_an_eval_batch_that_does_not_divide_is_said_so_and_the_fit_line_prints():
@@ -61,8 +74,8 @@ def test_an_eval_batch_that_does_not_divide_is_said_so_and_the_fit_line_prints()
     assert why == ("; --fit's eval keys there: per_device_eval_batch_size 4 -> 3 (the file's 4 does not divide a data "
                    "rank's 30 samples)")
     e = fit_eval(current, {"change": {}, "report": r}, replan, 72.0, 3)
-    assert _eval_line(e, 72.0).endswith("at per_device_eval_batch_size 3, as the file's 4 does not divide a data "
-                                        "rank's 30 samples")
+    assert _eval_line(e, 72.0).endswith("at per_device_eval_batch_size 3: per_device_eval_batch_size 4 -> 3 (the "
+                                        "file's 4 does not divide a data rank's 30 samples)")
 
 
 def plan_of_a100():

@@ -57,7 +57,8 @@ def test_an_evaluation_keeps_the_files_samples_over_its_data_ranks():
     assert f["change"]["pipeline_parallel_degree"] == 2
     assert ("per_device_eval_batch_size", 8, 4) in f["diff"] and ("eval_iters", 3, 12) in f["diff"]
     (line,) = [x for x in format_fit(f).splitlines() if x.startswith("  eval per device")]
-    assert "(eval_iters 3 -> 12: the file's 192 samples an evaluation, 8 x 3 x its 8 data ranks)" in line
+    assert ("eval_iters 3 -> 12 (the file's 192 samples an evaluation, 8 x 3 x its 8 data ranks, over the layout's 4 "
+            "data ranks)") in line
 
 
 def _report(batch: int, gib_at, ranks: int):

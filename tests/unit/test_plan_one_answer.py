@@ -160,13 +160,16 @@ def test_more_devices_suggestion_says_the_global_batch_it_grows_to():
 def test_cpu_machines_no_count_fits_offers_no_more_machines(monkeypatch):
     """Llama-3-70B on cpu machines of 64 GiB (8 processes each): no count up to 4,096 fits, yet the machine line
     said 'plan more machines'. It says no count fits and what the leanest layout on 4,096 still needs a process
-    (the CPU's gathered logits, its largest part) over its budget; --fit's line is the same."""
+    (the CPU's gathered logits, its largest part) over its budget, and the fewest machines of fewer processes that
+    fit (32 of 1); --fit's line is the same."""
     monkeypatch.setattr(hardware, "cpu_memory_gib", lambda: 64.0)
     monkeypatch.setattr(hardware, "host_available_gib", lambda: 64.0)
     args = ["--model_name_or_path", "meta-llama/Meta-Llama-3-70B"]
     (line,) = plan(LLAMA3_8B, args, device="cpu")["suggestions"]
     assert line["machine"] and "plan more machines" not in line["why"]
-    assert ("no number of processes up to 4096 fits on machines of this one's memory either (on 4096 the leanest "
-            "layout still needs 18.56 GiB a process, logits_loss 7.98 of it, over its 7.20 GiB budget)") in line["why"]
+    assert ("no number of processes up to 4096 fits on machines of this one's memory either at 8 processes a machine "
+            "(on 4096 the leanest layout still needs 18.56 GiB a process, logits_loss 7.98 of it, over its 7.20 GiB "
+            "budget); with fewer processes a machine some do: --gpus_per_node 1 --gpus 32 (32 machines of 1 "
+            "process;") in line["why"]
     f = fit(LLAMA3_8B, args, device="cpu")
     assert f["more_devices"] is None and f["machine"] == line["why"]

@@ -28,6 +28,7 @@ from pretrain_cli.planning.fit_precision import pick_precision
 from pretrain_cli.planning.fit_report import json_value
 from pretrain_cli.planning.eta import at_measured_mfu
 from pretrain_cli.planning.layout import tp_inside_node
+from pretrain_cli.planning.machines import fewer_a_machine
 from pretrain_cli.planning.plan import MFU_HALF, Device, device_note, report, target_device
 from pretrain_cli.planning.speed import fp32_on_gpu_note
 from pretrain_cli.planning.suggestions import checkpoint_disk_note, machine_too_small, suggest, within_budget
@@ -148,7 +149,9 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
             first = _layout_or_more_devices(args, out, replan, budget, progress)  # more devices, first
             if not first and found and found[0].get("machine"):  # no count of machines fits either: not offered
                 lean = fit_search.leanest(_current(args), out, replan)
-                found[0] = {**found[0], "why": machine_too_small(out, (lean, budget))}
+                fewer = fewer_a_machine(_current(args), out, budget, lean, _on_node(
+                    args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node), fit_search.fewest_devices)
+                found[0] = {**found[0], "why": machine_too_small(out, (lean, budget), fewer)}
             found[:0] = first
         out = dataclasses.replace(out, suggestions=tuple(found))
     return out
@@ -197,8 +200,9 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     replan = _replanner(searched, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
     budget = base.device.memory_gib * (1 - margin) if budget_gib is None else budget_gib
     carried = [(k, args.get(k), v) for k, v in precision.items()]
+    fewer = _on_node(searched, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops, node)
     found = fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path,
-                           progress)
+                           progress, fewer)
     if not levels or base.precision.amp_level != "O1" or not base.device.peak_tflops:
         return found
     if "fp16_opt_level" in args.explicit:  # the file's level is kept: O2's search (40 % of the time) not run
@@ -306,6 +310,18 @@ def _replanner(args: Arguments, model_cfg, device: str, gpus: int, mfu, baseline
             return None
 
     return replan
+
+
+def _on_node(args: Arguments, model_cfg, device: str, gpus: int, mfu, baseline_bytes: float, peak_tflops,
+             node: hardware.Node):
+    """`on_node(n) -> (the file planned on `gpus` processes with n a machine, its replan)`: `machines.fewer_a_machine`'s
+    plans with fewer processes a machine than `node`'s."""
+    def on_node(n: int):
+        replan = fit_search.remembered(_replanner(args, model_cfg, device, gpus, mfu, baseline_bytes, peak_tflops,
+                                                  dataclasses.replace(node, gpus=n)))
+        return replan({}, gpus, layout=False), replan
+
+    return on_node
 
 
 def parse(config: str | None, overrides: list[str] | None) -> tuple[Arguments, ModelConfig]:

@@ -22,10 +22,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from pretrain_cli.counts import count
 from pretrain_cli.models.recompute import GRANULARITIES as RECOMPUTE
 
+from pretrain_cli.planning.fit_report import eval_reasons
 from pretrain_cli.planning.layout import tp_inside_node
+from pretrain_cli.planning.machines import fewer_a_machine
 from pretrain_cli.planning.suggestions import FIT_MARGIN, MAX_DEVICES, machine_too_small, more_devices
 from pretrain_cli.planning.plan import TOO_SMALL
 from pretrain_cli.planning.report import Plan
@@ -226,13 +227,14 @@ def grows_with_micro_batch(r: Plan) -> bool:
 
 def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, margin: float,
         carried: list[tuple] = (), notes: list[str] | None = None, config: str | None = None,
-        progress=None) -> dict:
+        progress=None, on_node=None) -> dict:
     """`plan --fit`'s result: `search` over `replan(change, gpus) -> Plan | None`, the diff against `current`,
     and when nothing fits the smallest layout and the fewest devices within the budget (`fewest_devices`), on cpu
     with the line saying where the model's state alone exceeds the machines planned (`suggestions.machine_too_small`).
 
     `base` is the plan every candidate starts from, `as_written` the file's own (the "before"); `carried` is
-    (key, old, new) for the changes every candidate already has (fp16 where the device has no bf16)."""
+    (key, old, new) for the changes every candidate already has (fp16 where the device has no bf16); `on_node`: the
+    plans with fewer processes a machine (`machines.fewer_a_machine`), searched on cpu where no count fits."""
     notes, replan = list(notes or []), remembered(replan)
     by_speed = base.device.peak_tflops is not None
     if not by_speed:
@@ -264,7 +266,10 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
     out["more_devices"] = fewest_devices(current, base, replan, budget_gib, small)
     lean = None if out["more_devices"] or not machine_too_small(base) else (leanest(current, base, replan),
                                                                              budget_gib)
-    out["machine"] = machine_too_small(base, lean)
+    fewer = None
+    if lean is not None and on_node is not None:
+        fewer = fewer_a_machine(current, base, budget_gib, lean[0], on_node, fewest_devices)
+    out["machine"] = machine_too_small(base, lean, fewer)
     return out
 
 
@@ -285,40 +290,24 @@ def fewest_devices(current: dict, base: Plan, replan, budget_gib: float, small: 
     there = budget_gib * r.device.memory_gib / base.device.memory_gib  # (on cpu a process's share: `within_budget`)
     as_written = replan({}, world, layout=False)  # (`--fit` re-run there keeps the samples the file reads there)
     ranks = as_written.parallel.data_ranks if as_written is not None else r.parallel.data_ranks
-    change, why = with_eval(current, scale["change"], r, lambda c: replan(c, world), there, ranks)
+    before = base.eval_batch * current.get("eval_iters", 1) * base.parallel.data_ranks  # (on the devices asked for)
+    change, why = with_eval(current, scale["change"], r, lambda c: replan(c, world), there, ranks, before)
     return scale if change == scale["change"] else {**scale, "change": change, "why": scale["why"] + why}
 
 
-def with_eval(current: dict, change: dict, report: Plan, replan, budget_gib: float,
-              file_ranks: int) -> tuple[dict, str]:
+def with_eval(current: dict, change: dict, report: Plan, replan, budget_gib: float, file_ranks: int,
+              before: int | None = None) -> tuple[dict, str]:
     """`change` with `fit_eval`'s eval keys for the layout it plans to (`report`), and what its line adds for them
-    (`eval_why`; "" where the file's eval keys stay): the layouts are searched at an evaluation of 1
-    (`Plan.least_gib`), so the file's eval batch may be over the budget there, and `plan`'s suggestions name what
-    `--fit` sets (one answer)."""
+    (`fit_report.eval_reasons`, as `--fit`'s eval line says them; "" where the file's eval keys stay): the layouts
+    are searched at an evaluation of 1 (`Plan.least_gib`), so the file's eval batch may be over the budget there, and
+    `plan`'s suggestions name what `--fit` sets (one answer). `before`: the samples the file's evaluation reads on
+    the devices asked for, where `report` is on more (`fewest_devices`)."""
     e = fit_eval(current, {"change": change, "report": report}, replan, budget_gib, file_ranks)
     if "change" not in e:
         return change, ""
-    return {**change, **e["change"]}, eval_why(e, budget_gib, report)
-
-
-def eval_why(e: dict, budget_gib: float, r: Plan) -> str:
-    """Why `fit_eval`'s result `e` for the layout `r` changes the eval keys, as `plan`'s first suggestion and the
-    fewest devices say it: the eval batch lowered because the file's is over the budget there, or (within it)
-    because it does not divide a data rank's samples; eval_iters moved to keep the samples an evaluation reads (more
-    iterations where the data ranks are fewer than the file's there: the eval loss stays comparable with the file's)."""
-    w, c = e["was"], e["change"]
-    said = []
-    if "per_device_eval_batch_size" in c:
-        said.append(f"per_device_eval_batch_size {w['batch']} -> {e['batch']} (the file's {w['batch']} "
-                    + (f"needs {w['memory_gib']:.2f} GiB, over the {budget_gib:.2f} GiB budget)"
-                       if w["memory_gib"] > budget_gib else
-                       f"does not divide a data rank's {e['batch'] * c.get('eval_iters', w['iters'])} samples)"))
-    if "eval_iters" in c:
-        keeps = (f"the same {w['batch'] * w['iters']} samples per data rank" if w["per_rank"] else
-                 f"the {w['samples']:,} samples an evaluation reads as written on {count(r.gpus, 'device')}, "
-                 f"{w['batch']} x {w['iters']} x {count(w['ranks'], 'data rank')}, over {r.parallel.data_ranks}")
-        said.append(f"eval_iters {w['iters']} -> {c['eval_iters']} (to keep {keeps})")
-    return "; --fit's eval keys there: " + " and ".join(said)
+    world = report.gpus if before is not None else None
+    return {**change, **e["change"]}, "; --fit's eval keys there: " + " and ".join(
+        eval_reasons(e, budget_gib, world, before))
 
 
 def remembered(replan):
@@ -379,7 +368,7 @@ def fit_eval(current: dict, best: dict, replan, budget_gib: float, file_ranks: i
                                                        "eval_iters": iters}[k]}
         out.update(batch=batch, memory_gib=got.eval_memory_gib, fits=got.eval_memory_gib <= budget_gib)
         if keys:
-            out.update(change=keys, was={**was, "per_rank": per_rank})
+            out.update(change=keys, was={**was, "per_rank": per_rank, "layout_ranks": ranks})
         break
     return out
 

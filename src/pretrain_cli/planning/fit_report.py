@@ -115,22 +115,38 @@ def _bound_line(b: dict) -> str:
 
 
 def _eval_line(e: dict, budget: float) -> str:
-    """The fit's evaluation: its peak at the eval batch kept, or lowered (over the budget, or not dividing a data
-    rank's share of the samples), and eval_iters where the samples an evaluation reads (the file's, `fit_eval`)
-    need it."""
+    """The fit's evaluation: its peak at the eval batch kept or lowered, and why the eval keys moved (`eval_reasons`,
+    the clauses `plan`'s suggestions say too)."""
     at = f"{_gib(e['memory_gib'])} at per_device_eval_batch_size {e['batch']}"
-    w = e.get("was")
-    if w and w["batch"] != e["batch"]:
-        at = (f"{_gib(w['memory_gib'])} at the file's per_device_eval_batch_size {w['batch']}, over the budget -> {at}"
-              if w["memory_gib"] > budget else f"{at}, as the file's {w['batch']} does not divide a data rank's "
-                                               f"{e['batch'] * e['change'].get('eval_iters', w['iters'])} samples")
-    if w and "eval_iters" in e["change"]:
-        keeps = (f"the same {w['batch'] * w['iters']} samples per data rank" if w["per_rank"] else
-                 f"the file's {w['samples']:,} samples an evaluation, {w['batch']} x {w['iters']} x its "
-                 f"{count(w['ranks'], 'data rank')}")
-        at += f" (eval_iters {w['iters']} -> {e['change']['eval_iters']}: {keeps})"
+    if e.get("change"):
+        at += ": " + " and ".join(eval_reasons(e, budget))
     tail = "" if e["fits"] else f"; still over the budget at 1: set {e['key']} false or evaluate on larger devices"
     return f"  eval per device (a forward without gradients beside the step's state): {at}{tail}"
+
+
+def eval_reasons(e: dict, budget: float, world: int | None = None, before: int | None = None) -> list[str]:
+    """Why `fit.fit_eval`'s result `e` changes the eval keys, a clause a key, for `--fit`'s eval line and `plan`'s
+    suggestions alike: the eval batch lowered because the file's is over the budget (with its GiB) or (within it)
+    does not divide a data rank's samples; eval_iters set so the layout's data ranks read the samples the file's do
+    (the same per data rank where no whole share makes them). `world`, `before`: a layout on more devices than the
+    file is planned on (`fit.fewest_devices`), where the file's samples are those it reads on `world` devices, and
+    `before` those it reads on the devices asked for: an evaluation grows with the data ranks as the global batch
+    does, said where it does."""
+    w, c, out = e["was"], e["change"], []
+    if "per_device_eval_batch_size" in c:
+        out.append(f"per_device_eval_batch_size {w['batch']} -> {e['batch']} (the file's {w['batch']} "
+                   + (f"needs {_gib(w['memory_gib'])}, over the {_gib(budget)} budget)" if w["memory_gib"] > budget
+                      else f"does not divide a data rank's {e['batch'] * c.get('eval_iters', w['iters'])} samples)"))
+    if "eval_iters" in c:
+        on = f" on {count(world, 'device')}" if world is not None else ""
+        why = (f"the same {w['batch'] * w['iters']} samples per data rank" if w["per_rank"] else
+               f"the file's {w['samples']:,} samples an evaluation{on}, {w['batch']} x {w['iters']} x its "
+               f"{count(w['ranks'], 'data rank')}, over the layout's {count(w['layout_ranks'], 'data rank')}")
+        if before is not None and not w["per_rank"] and before != w["samples"]:
+            why += (f"; an evaluation grows with the data ranks as the global batch does: {before:,} -> "
+                    f"{w['samples']:,} samples")
+        out.append(f"eval_iters {w['iters']} -> {c['eval_iters']} ({why})")
+    return out
 
 
 def json_value(v) -> str:

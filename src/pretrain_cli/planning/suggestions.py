@@ -136,12 +136,15 @@ def first_count(counts: list[int], fits, per_node: int) -> int | None:
     memory, so each of more gets less: what fits on 2 need not fit on 4); then of the whole nodes the most, where if
     none fits none does; then the first two one by one (where most answers are: a layout at its least memory fits
     soon after the state does), then bisection between. Each whole number of nodes gives a device the same budget,
-    and each count's layouts are the one before's (a power of two of nodes: every degree that divided it divides the
-    next) with twice the data ranks, the state split over more of them: what fits on n nodes fits on 2n. A model no
-    count up to MAX_DEVICES holds is planned at one count, not each (`plan` of configs/llama-3-8b_pretrain.json on a
-    23.5 GiB cpu machine: 1,828 plans -> 327); where some count fits, `fits` stops at the first layout that does
-    (`more_devices`), so the most costs a few plans (tests/unit/test_plan_count_search.py: the answers are the
-    one-by-one search's)."""
+    and each count offers every tensor, pipeline and expert degree of the one before (a power of two of nodes: every
+    degree that divided it divides the next) with twice the data ranks, at every sharding stage. A layout need not
+    fit there because it fit before (one data rank without sharding gains DataParallel's gradient buffers), but its
+    ZeRO-1 variant, offered wherever there are data ranks, needs less (no such buffers, half the AdamW state), and
+    a sharded layout's state splits further: the least need does not grow with the count, so what fits on n nodes
+    fits on 2n. A model no count up to MAX_DEVICES holds is planned at one count, not each; where some count fits,
+    `fits` stops at the first layout that does (`more_devices`), so the most costs a few plans
+    (tests/unit/test_plan_count_search.py: the answers are the one-by-one search's, and the least need does not
+    grow over whole-node counts)."""
     inside = [i for i, world in enumerate(counts) if world < per_node]
     for i in inside:
         if fits(counts[i]):
@@ -172,7 +175,8 @@ def _in_node(replan, per_node: int):
     return in_node
 
 
-def machine_too_small(base: Plan, beyond: tuple[Plan | None, float] | None = None) -> str | None:
+def machine_too_small(base: Plan, beyond: tuple[Plan | None, float] | None = None,
+                      fewer: tuple[int, int] | None = None) -> str | None:
     """On cpu, the line saying so when the weights, gradients and AdamW state alone (a checkpoint and the weights
     again: `Plan.checkpoint`) exceed the memory of the machines planned (each process's part x the processes): no
     layout or process count on them holds the run, so `plan` says so (with how many machines of this one's memory
@@ -181,7 +185,9 @@ def machine_too_small(base: Plan, beyond: tuple[Plan | None, float] | None = Non
     parameters against this machine's memory). None on a GPU or where it fits. `beyond`: (the leanest layout on
     MAX_DEVICES processes, `fit.leanest`, the budget on `base`'s device) when the count search found no number of
     processes up to MAX_DEVICES that fits: more machines are not offered, and the line says what a process of the
-    leanest layout still needs there beside its budget (more machines split the state, not the rest)."""
+    leanest layout still needs there beside its budget (more machines split the state, not the rest); `fewer`:
+    (processes a machine, processes) where fewer processes a machine fit (`machines.fewer_a_machine`): named, as
+    each process then gets more of its machine's memory."""
     if base.device.name != "cpu":
         return None
     need = base.checkpoint.per_checkpoint_gib + base.checkpoint.parts_gib["weights"]
@@ -191,12 +197,19 @@ def machine_too_small(base: Plan, beyond: tuple[Plan | None, float] | None = Non
     where = "this machine has" if nodes == 1 else f"the {nodes} machines planned have"
     how = "plan more machines (--gpus with --gpus_per_node), choose"
     if beyond is not None:
-        how = f"no number of processes up to {MAX_DEVICES} fits on machines of this one's memory either"
+        per = base.device.links.gpus_per_node
+        how = (f"no number of processes up to {MAX_DEVICES} fits on machines of this one's memory either"
+               + (f" at {per} processes a machine" if per > 1 else ""))
         if (lean := beyond[0]) is not None:
             share = beyond[1] * lean.device.memory_gib / base.device.memory_gib
             how += (f" (on {MAX_DEVICES} the leanest layout still needs {lean.least_gib:.2f} GiB a process"
-                    f"{_largest_part(lean)} of it, over its {share:.2f} GiB budget)")
-        how += "; choose"
+                    f"{_largest_part(lean)}, over its {share:.2f} GiB budget)")
+        if fewer is not None:
+            n, world = fewer
+            how += (f"; with fewer processes a machine some do: --gpus_per_node {n} --gpus {world} "
+                    f"({count(-(-world // n), 'machine')} of {count(n, 'process')}; `plan` with them names "
+                    f"the keys)")
+        how += "; or choose" if fewer is not None else "; choose"
     return (f"memory: the weights, gradients and AdamW state alone need {need:.2f} GiB and {where} {have:.1f} GiB, "
             f"so no layout or number of processes fits there (the state alone needs {-(-need // (have / nodes)):.0f} "
             f"machines of this one's memory); {how} a smaller model, or plan a GPU run (`plan --device <GPU>`)")
@@ -207,9 +220,9 @@ _EVAL_PARTS = {"held": "held between steps", "forward": "the forward"}
 
 
 def _largest_part(r: Plan) -> str:
-    """Where `r.least_gib` is reached and its largest part there: the step (its parts as `plan` lists them), start-up,
-    or the evaluation of 1 sample a process (`Plan.eval_least_gib`), whichever needs the most; the evaluation's parts
-    only where `r` was planned at that batch (`fit.leanest` is), else none."""
+    """Where `r.least_gib` is reached and its largest part there (", <part> <GiB> of it"): the step (its parts as
+    `plan` lists them), start-up, or the evaluation of 1 sample a process (`Plan.eval_least_gib`), whichever needs the
+    most; the evaluation's parts only where `r` was planned at that batch (`fit.leanest` is), else where alone."""
     if (r.eval_least_gib or 0.0) > r.peak_gib:
         if r.eval_batch != 1:
             return " in an evaluation of 1 sample"
@@ -220,7 +233,7 @@ def _largest_part(r: Plan) -> str:
     else:
         where, parts = ",", r.memory_breakdown_gib
     part, gib = max(parts.items(), key=lambda kv: kv[1])
-    return f"{where} {part} {gib:.2f}"
+    return f"{where} {part} {gib:.2f} of it"
 
 
 def _share(base: Plan, world: int) -> float:
