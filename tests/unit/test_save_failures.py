@@ -178,3 +178,20 @@ def test_an_async_save_every_rank_wrote_is_left_to_rank_0(tmp_path, monkeypatch)
 
     lost = PeerFailed("rank 1: lost rank 2 while in collective at step 7; see workerlog.2")
     assert _async_end(tmp_path, monkeypatch, whole, lost) == ["rank-00000.done.json", "rank-00001.done.json"]
+
+
+def test_an_async_save_rank_0_is_publishing_is_left_to_it(tmp_path):
+    """R12: mid-publish (`shard_writer.publish`: trainer_state.json written, the records deleted, then fsync and the
+    rename) rank 1 ending with PeerFailed removed checkpoint-6.tmp, a finished checkpoint, as rank 0 renamed it."""
+    saver = checkpoint.Saver(tmp_path, None, NoComm(), {}, None, "float32", None, async_save=True, rank=1,
+                             world_size=2, layout="dp")
+    saver.writer.last = "checkpoint-6"  # its write of checkpoint-6 done, not failed
+    tmp = tmp_path / "checkpoint-6.tmp"
+    tmp.mkdir()
+    names = ["checkpoint.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+             "trainer_state.json"]
+    for name in names:
+        (tmp / name).write_text("{}")
+    saver.abandon(PeerFailed("rank 1: lost rank 2 while in collective at step 7; see workerlog.2"))
+    assert sorted(p.name for p in tmp.iterdir()) == names
+    saver.wait()

@@ -15,7 +15,8 @@ naming the file) rather than as a dead thread.
 A rank other than 0 never waits for rank 0's verdict on a background write (a synchronous save does), so after
 rank 0 failed a save and removed its checkpoint-N.tmp/, such a rank still writing made it again (its files, its
 record) and the failed save left it behind: that rank removes it as it ends with an error
-(`checkpoint.Saver.abandon`), unless every rank's record is in it (`publishable`: rank 0 may be renaming it).
+(`checkpoint.Saver.abandon`), unless it holds trainer_state.json or every rank's record (`publishable`: rank 0 may be
+renaming it).
 """
 from __future__ import annotations
 
@@ -87,12 +88,15 @@ class HostStaging:
 
 
 def publishable(tmp, world: int) -> bool:
-    """Whether checkpoint-N.tmp/ `tmp` holds every rank's completion record and no error: only then may rank 0 be
-    publishing it (`shard_writer.collect` waits for all of them), so only then may another rank not remove it."""
+    """Whether rank 0 may be publishing checkpoint-N.tmp/ `tmp`, so another rank must not remove it: it holds
+    trainer_state.json (`shard_writer.publish` writes it once every record is in, then deletes the records before its
+    fsync and rename), or every rank's completion record and no error (`shard_writer.collect` waits for all of them)."""
     import json
 
     from pretrain_cli.training.shard_writer import RECORD
 
+    if (tmp / "trainer_state.json").is_file():
+        return True
     for rank in range(world):
         try:
             record = json.loads((tmp / RECORD.format(rank)).read_text(encoding="utf-8"))

@@ -355,7 +355,8 @@ class Saver:
     def abandon(self, error: BaseException | None) -> None:
         """A rank other than 0 ending with `error`, its background write done (`run_end.finish`): that checkpoint's
         .tmp, unpublished, is removed when rank 0 will not publish it: this rank's write failed, or a rank did
-        (`PeerFailed`), and not every rank's record is in it (`async_save.publishable`)."""
+        (`PeerFailed`), and it holds neither trainer_state.json (rank 0 publishing it: the records are gone by then) nor
+        every rank's record (`async_save.publishable`)."""
         from pretrain_cli.training.async_save import publishable
 
         last = self.writer.last if self.writer is not None and self.rank != 0 else None
