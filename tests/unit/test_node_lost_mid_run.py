@@ -51,7 +51,7 @@ def test_a_node_killed_after_the_join_is_named_and_the_other_does_not_end_0(tmp_
         (tmp_path / "gone").write_text("")
 
     ends = _two_nodes(tmp_path, _node(tmp_path, "stops", master, job_id, STOPS, tmp_path / "going", tmp_path / "in0",
-                                      tmp_path / "gone"),
+                                      tmp_path / "gone", short=True),  # (node 1's silence: 3 s, not 30)
                       _node(tmp_path, "dies", master, job_id, SLEEPS, tmp_path / "going1", tmp_path / "in1",
                             tmp_path / "pid"),
                       held, kill, envs=({job.VERDICTS_ENV: str(verdicts)}, {}), killed=(1,))

@@ -6,13 +6,19 @@ stops as at a signal and saves, and node 0's ranks, told to stop by the ranks' a
 
 So once its ranks have joined, each launcher beats on (`joined <n>`, every BEAT s: `joining`) and reads the others'
 beats (`Beats.read`); at its end (`end`, from `leaving.note_end`, before Paddle stops MASTER's store) it says
-`ended <code>`. A node ending as a success (its ranks' records: done, or stopped and saved, with no signal of its own)
-looks at the others for `GONE` s more: one that has neither said `ended` nor beaten since this node's end began
-(killed, its host down, the network cut; for the node serving MASTER's store, MASTER not answering) is lost: one line
-(launch.sh's account, from the records this writes in place of its ranks' `stopped` ones: `job.decide` then says
-`LOST`, 1, restarted under MAX_RESTART), the node's own saved step kept in it, and the launcher's code is `LOST`
-(`leaving.forced`). A node serving MASTER's store keeps it up until every other node has said `ended` (at most
-LINGER s: `joining`), so that none of them takes the store's end for its loss.
+`ended <code>`. A node whose ranks stopped and saved (their `stopped` records, with no signal of its own: the ranks'
+agreement stops every node's ranks when one node's launcher dies) looks at the others for a while more, counted as
+`joining` counts silence (up to `joining.SILENCE` s, in its own reads, each at most `joining.CAP` s: this launcher's
+own stall is nobody's): a node that neither says `ended` nor beats again (its own counter past the one read as this
+node's end began) is lost (killed, its host down, the network cut; for the node serving MASTER's store, MASTER not
+answering): one line (launch.sh's account, from the records this writes in place of its ranks' `stopped` ones:
+`job.decide` then says `LOST`, 1, restarted under MAX_RESTART), the node's own saved step kept in it, and the
+launcher's code is `LOST` (`leaving.forced`). A node still beating ends the wait at its next beat. A run that ended
+as done (its final export written, no `stopped` record) is never a loss: another node's launcher stalled past it
+(frozen 12 s at the final export) had node 0 say `lost node 1` and exit 1 after 5 s, and a relaunch would have
+waited for a node that had finished. A node serving MASTER's store keeps it up until every other node has said
+`ended` (at most `joining.LINGER` s): on a signal only once Paddle has stopped its ranks (`keep_up`, from
+`rendezvous`), so that the signal reaches them at once (it reached them 5.3-5.6 s late, the ranks training on).
 """
 from __future__ import annotations
 
@@ -22,7 +28,6 @@ import time
 
 from pretrain_cli.distributed.launcher import job, leaving
 
-GONE = 5.0  # s a node may stay silent at this node's end before it is lost (a live launcher beats every second)
 ENDED = "ended"
 
 
@@ -31,24 +36,23 @@ def ended(value) -> bool:
 
 
 class Beats:
-    """What this node's launcher last read of the others' beats after the join, and when each last changed; `lost`:
-    those found lost at its end."""
+    """What this node's launcher last read of the others' beats after the join (each node's value: `joined <n>`, its
+    own counter, or `ended <code>`); `lost`: those found lost at its end."""
 
     def __init__(self, others):
-        now = time.monotonic()
         self.values = dict.fromkeys(others)
-        self.changed = dict.fromkeys(others, now)
         self.lost: list[int] = []
 
-    def read(self, watch) -> None:
+    def read(self, watch) -> bool:
+        """Read the others' beats; False when MASTER did not answer (nobody's beat changed)."""
         seen = watch.store.get_prefix(watch.key(watch.me).rsplit("/", 1)[0] + "/")
-        if seen is None:  # MASTER did not answer: nobody's beat changed
-            return
-        now = time.monotonic()
+        if seen is None:
+            return False
         for j in self.values:
             value = seen.get(watch.key(j))
-            if value is not None and value != self.values[j]:
-                self.values[j], self.changed[j] = value, now
+            if value is not None:
+                self.values[j] = value
+        return True
 
 
 def beat_on(watch, every: float) -> None:
@@ -59,36 +63,58 @@ def beat_on(watch, every: float) -> None:
         time.sleep(every)
 
 
-def end(watch, code: int, success: bool, describe, linger: float, grace: float = GONE, poll: float = 0.25) -> None:
+def end(watch, code: int, success: bool, describe, linger: float, poll: float = 0.25) -> None:
     """This node's end after the join (its launcher's code `code`; `success`: launch.sh will read it as one): said at
-    MASTER, and, on a success, the nodes lost meanwhile named (`lost`; `describe`: `joining.describe`); a node serving
-    MASTER's store keeps it up for at most `linger` s, until the others have said theirs."""
+    MASTER, and, on a success of ranks that stopped and saved, the nodes lost meanwhile named (`lost`; `describe`:
+    `joining.describe`); a node serving MASTER's store keeps it up for at most `linger` s (0 on a signal: `keep_up`
+    then, after its ranks are stopped), until the others have said theirs."""
+    from pretrain_cli.distributed.launcher import joining
+
     with watch.lock:
         watch.store.put(watch.key(watch.me), f"{ENDED} {code}")
         watch.gone = True
-    began = time.monotonic()
-    if success:
-        missing = lost(watch, began, grace, poll)
+    if success and _stopped():
+        missing = lost(watch, joining.SILENCE, joining.CAP, poll)
         if missing:
             _named(watch, missing, describe)
-    if watch.nodes[watch.me]["serves"]:  # the others read `ended` from this store: up until they have said theirs
-        while time.monotonic() < began + linger:
-            watch.beats.read(watch)
-            if all(ended(v) or j in watch.beats.lost for j, v in watch.beats.values.items()):
-                break
-            time.sleep(poll)
+    keep_up(watch, linger, poll)
 
 
-def lost(watch, began: float, grace: float, poll: float) -> list[int]:
-    """The other nodes that, within `grace` s of `began`, neither said `ended` nor beat."""
+def keep_up(watch, linger: float, poll: float = 0.25) -> None:
+    """On the node serving MASTER's store: keep it up until every other node has said `ended` (or was found lost), at
+    most `linger` s; the others read this node's `ended` from it."""
+    if not watch.nodes[watch.me]["serves"] or linger <= 0:
+        return
+    began = time.monotonic()
+    while time.monotonic() < began + linger:
+        watch.beats.read(watch)
+        if all(ended(v) or j in watch.beats.lost for j, v in watch.beats.values.items()):
+            break
+        time.sleep(poll)
+
+
+def _stopped() -> bool:
+    """Whether this node's ranks stopped and saved (a `stopped` record): an end another node's loss may have caused.
+    A run that ended done (its final export written) is complete whatever became of the others."""
+    return any(r.get("kind") == "stopped" for r in job.read_records(job.verdict_dir()))
+
+
+def lost(watch, grace: float, cap: float, poll: float) -> list[int]:
+    """The other nodes that neither said `ended` nor beat again (past the value read as this node's end began) while
+    `grace` s of silence were counted in this node's own reads, each read adding at most `cap` s."""
     beats = watch.beats
+    beats.read(watch)
+    began = dict(beats.values)  # each node's own counter as this end began: a beat read later but made before is none
+    silence, last = 0.0, time.monotonic()
     while True:
-        beats.read(watch)
-        waiting = [j for j, v in beats.values.items() if not ended(v) and beats.changed[j] <= began]
-        if not waiting or time.monotonic() >= began + grace:
+        waiting = [j for j, v in beats.values.items() if not ended(v) and v == began[j]]
+        if not waiting or silence >= grace:
             beats.lost = waiting
             return waiting
         time.sleep(poll)
+        beats.read(watch)
+        now = time.monotonic()
+        silence, last = silence + min(max(now - last, 0.0), cap), now
 
 
 def _named(watch, missing: list[int], describe) -> None:

@@ -151,8 +151,9 @@ class Watch:
         the others stop waiting now, and end the same way (`leaving.follow`). A node serving MASTER's store keeps it up
         `LINGER` s more: the store ends with this launcher, and the others poll it."""
         if self.done and not self.gone and end is None:  # after the join: said, and a node lost meanwhile named
-            code, signalled = leaving.ended_with()
-            return after_join.end(self, code, not signalled and leaving.own_end()[0] == 0, describe, LINGER)
+            code, signalled = leaving.ended_with()  # on a signal the store is kept up after the ranks stop (`keep_up`)
+            return after_join.end(self, code, not signalled and leaving.own_end()[0] == 0, describe,
+                                  0.0 if signalled else LINGER)
         with self.lock:
             if not self.done and not self.gone:
                 code, action = end or leaving.own_end()
@@ -161,6 +162,12 @@ class Watch:
             self.gone = True
         if self.left_at is not None and self.nodes[self.me]["serves"]:
             time.sleep(max(0.0, self.left_at + LINGER - time.monotonic()))
+
+    def keep_up(self) -> None:
+        """After Paddle stopped this node's ranks on a signal, before it stops MASTER's store: the others read this
+        node's `ended` (`after_join.keep_up`, at most LINGER s; nothing before the join, where `leave` lingered)."""
+        if self.done:
+            after_join.keep_up(self, LINGER)
 
     def observe(self, now: float, seen: dict | None, waiting: bool = False) -> list[tuple[int, str]]:
         """The nodes lost by now, each with why (`left`, `silent`, `master`), from one read of the beats (`seen`,

@@ -31,6 +31,14 @@ def note_end(code: int, signalled: bool = False) -> None:
         watch.leave()
 
 
+def keep_up() -> None:
+    """Paddle has stopped this launcher's ranks on a signal and is about to stop MASTER's store (`rendezvous`): a node
+    serving it keeps it up for the others to read its `ended` (`joining.Watch.keep_up`), after its ranks were told to
+    stop, not before."""
+    for watch in _WATCHES:
+        watch.keep_up()
+
+
 def ended_with() -> tuple[int, bool]:
     """(code, by a signal) this launcher ends with (`note_end`), (`LOST`, False) when not known."""
     return _ENDED[-1] if _ENDED else (LOST, False)

@@ -163,8 +163,16 @@ def _note_ends() -> None:
             sys.exit(leaving.forced())
 
     def stopped_noted(self, sigint, frame):
-        leaving.note_end(128 + sigint, signalled=True)
-        return stopped(self, sigint, frame)
+        leaving.note_end(128 + sigint, signalled=True)  # `ended` said at once, no wait: the ranks are stopped now
+        if hasattr(self, "sigint") or getattr(self, "master", None) is None:  # a second signal: Paddle's force quit
+            return stopped(self, sigint, frame)
+        store_stop, self.master.stop = self.master.stop, lambda *a, **k: None  # Paddle's stop() ends the store first
+        try:
+            return stopped(self, sigint, frame)  # (it ends with sys.exit)
+        finally:  # the ranks stopped: the store kept up for the others to read this node's end, then stopped
+            leaving.keep_up()
+            self.master.stop = store_stop
+            store_stop()
 
     ControllerBase.finalize, ControllerBase.signal_handler = finalize_noted, stopped_noted
 
