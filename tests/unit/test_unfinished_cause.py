@@ -5,6 +5,7 @@ read-only output_dir's error, a kill -9 mid-save its watchers named). The worker
 hold those lines; the OOM hint stays for a run whose logs say nothing since it started."""
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -46,8 +47,8 @@ def _info(seconds_ago: float, text: str = "global_step: 5") -> str:
 
 
 def _start(seconds_ago: float, rank: int = 0, pid: int = 999999, pod: str = "podaa") -> str:
-    """A launched rank's start line (`launch_logs.say_start`); the holder's rank 0: pid 999999, pod podaa."""
-    return _info(seconds_ago, f"rank {rank} of 2 started: pid {pid} on {socket.gethostname()} (launcher pod {pod})")
+    """A launched rank's start line (`launch_logs.say_start`); the holder's rank 0: pid 999999, launch podaa."""
+    return _info(seconds_ago, f"rank {rank} of 2 started: pid {pid} on {socket.gethostname()} (launch {pod})")
 
 
 def test_a_hang_its_watchers_named_is_said_not_the_oom_killer(out):
@@ -131,3 +132,17 @@ def test_a_lock_that_cannot_be_removed_leaves_the_runs_own_error_the_news(tmp_pa
     assert capsys.readouterr().err == (f"warning: {lock.path}: could not remove the run lock (Read-only file system); "
                                        f"the next start in {lock.path.parent} takes it over\n")
     assert lock.path.exists()
+
+
+def test_a_start_line_says_its_launch_for_users_and_is_read_back(monkeypatch, capsys):
+    """R12: `(launcher pod enabnk)` was Paddle's internal word; the line `say_start` writes is the one `START` reads."""
+    from pretrain_cli.training import launch_logs
+
+    monkeypatch.setenv("PADDLE_TRAINER_ID", "0")
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    monkeypatch.setenv("POD_NAME", "enabnk")
+    launch_logs.say_start()
+    line = capsys.readouterr().out.strip()
+    assert line.endswith(f"] [    INFO] - rank 0 of 2 started: pid {os.getpid()} on {socket.gethostname()} "
+                         f"(launch enabnk)"), line
+    assert launch_logs.START.match(line).groups()[1:] == ("0", str(os.getpid()), socket.gethostname(), "enabnk")

@@ -4,12 +4,12 @@ end (`recorded_end`: the next start's word on a run that left its lock, `run_loc
 Why a start line: Paddle's launcher appends every launch to the same log/workerlog.N, and a line says nothing of the
 launch that wrote it. Read by time alone (every line past the holder's start), a later launch's lines counted as the
 killed run's: a launch that failed on its arguments after a run killed with kill -9 was quoted as that run's cause. So
-every launched rank's first line (`say_start`) is stamped and names its rank, its pid and its launcher's pod (Paddle's
-name for one node's launch); the run lock holds rank 0's pid. A launch's lines in a log run from its start line to the
-next start line; rank 0's start line with the lock's pid finds the holder's launch, and its pod the same launch's lines
-in the other ranks' logs of that node. Another node's logs (log/node-N/ under MASTER) hold another pod: there the
-launch that started last by `NODE_SKEW` after rank 0's start (nodes start together; their clocks may differ), and not
-before rank 0's launch before it, counts.
+every launched rank's first line (`say_start`) is stamped and names its rank, its pid and its launch (`(launch D)`: the
+name Paddle's launcher gives one node's launch, POD_NAME); the run lock holds rank 0's pid. A launch's lines in a log
+run from its start line to the next start line; rank 0's start line with the lock's pid finds the holder's launch, and
+that launch's name its lines in the other ranks' logs of that node. Another node's logs (log/node-N/ under MASTER)
+hold another launch's name: there the launch that started last by `NODE_SKEW` after rank 0's start (nodes start
+together; their clocks may differ), and not before rank 0's launch before it, counts.
 Lines a later launch's rank wrote before its start line (an import that failed) cannot be told apart.
 """
 from __future__ import annotations
@@ -24,9 +24,10 @@ from pathlib import Path
 TAIL = 1 << 16  # the bytes of a log's end read for its verdict and error lines
 SCAN = 1 << 20  # the bytes read at a time, backwards, for the start line governing that tail
 NODE_SKEW = 60.0  # seconds another node's rank may start after rank 0 and still be of its launch
+LAUNCH = "launch"  # the start line's word before its launch's name: `(launch D)`, written and read by this module
 # a launched rank's start line (`say_start`), in the log format of `training.metrics`
 START = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] \[ *INFO\] - rank (\d+) of \d+ started: pid (\d+) on "
-                   r"(\S+) \(launcher pod (\S*)\)\s*$")
+                   r"(\S+) \(" + re.escape(LAUNCH) + r" (\S*)\)\s*$")
 _START_BYTES = b"] - rank "
 
 
@@ -38,12 +39,12 @@ def say_start() -> None:
     now = time.time()
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
     print(f"[{stamp}] [    INFO] - rank {rank} of {os.environ.get('PADDLE_TRAINERS_NUM', '?')} started: pid "
-          f"{os.getpid()} on {socket.gethostname()} (launcher pod {os.environ.get('POD_NAME', '')})", flush=True)
+          f"{os.getpid()} on {socket.gethostname()} ({LAUNCH} {os.environ.get('POD_NAME', '')})", flush=True)
 
 
 def _segments(log: Path) -> list[tuple[tuple | None, list[str]]]:
     """The last `TAIL` bytes of `log` as [(start, lines)]: each run of lines with the start line (stamp, rank, pid,
-    host, pod) it follows (None: no start line before it in the whole log)."""
+    host, launch's name) it follows (None: no start line before it in the whole log)."""
     try:
         with open(log, "rb") as f:
             size = f.seek(0, 2)
