@@ -76,7 +76,7 @@ def test_a_node_that_said_its_end_or_still_beats_is_not_lost(tmp_path, nodes, mo
         beating.join()
     assert leaving.forced() is None and job.decide(tmp_path, 0) == (0, "stop")
     node0.gone, node1.gone = False, False
-    after_join.end(node1, 0, True, joining.describe, 0.0)  # node 1 ended first and said so ...
+    after_join.end(node1, 0, True, joining.describe, 0.0, joining.SILENCE, joining.CAP)  # node 1 ended first and said so ...
     assert store["/job/pretrain_cli_alive/1"] == "ended 0"
     _end(node0)  # ... then node 0 ends: no beat since, but its end is known
     assert leaving.forced() is None

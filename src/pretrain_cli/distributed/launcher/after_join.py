@@ -63,18 +63,18 @@ def beat_on(watch, every: float) -> None:
         time.sleep(every)
 
 
-def end(watch, code: int, success: bool, describe, linger: float, poll: float = 0.25) -> None:
+def end(watch, code: int, success: bool, describe, linger: float, silence: float, cap: float,
+        poll: float = 0.25) -> None:
     """This node's end after the join (its launcher's code `code`; `success`: launch.sh will read it as one): said at
     MASTER, and, on a success of ranks that stopped and saved, the nodes lost meanwhile named (`lost`; `describe`:
-    `joining.describe`); a node serving MASTER's store keeps it up for at most `linger` s (0 on a signal: `keep_up`
-    then, after its ranks are stopped), until the others have said theirs."""
-    from pretrain_cli.distributed.launcher import joining
-
+    `joining.describe`; a node lost after `silence` s counted in reads of at most `cap` s each: `joining.SILENCE`,
+    `joining.CAP`); a node serving MASTER's store keeps it up for at most `linger` s (0 on a signal: `keep_up` then,
+    after its ranks are stopped), until the others have said theirs."""
     with watch.lock:
         watch.store.put(watch.key(watch.me), f"{ENDED} {code}")
         watch.gone = True
     if success and _stopped():
-        missing = lost(watch, joining.SILENCE, joining.CAP, poll)
+        missing = lost(watch, silence, cap, poll)
         if missing:
             _named(watch, missing, describe)
     keep_up(watch, linger, poll)

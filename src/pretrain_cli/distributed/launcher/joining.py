@@ -153,7 +153,7 @@ class Watch:
         if self.done and not self.gone and end is None:  # after the join: said, and a node lost meanwhile named
             code, signalled = leaving.ended_with()  # on a signal the store is kept up after the ranks stop (`keep_up`)
             return after_join.end(self, code, not signalled and leaving.own_end()[0] == 0, describe,
-                                  0.0 if signalled else LINGER)
+                                  0.0 if signalled else LINGER, SILENCE, CAP)
         with self.lock:
             if not self.done and not self.gone:
                 code, action = end or leaving.own_end()
