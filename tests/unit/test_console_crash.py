@@ -47,3 +47,31 @@ def test_a_python_traceback_the_rank_survives_and_a_mention_of_gloo_are_kept(cap
     console.write(kept)
     console.flush()
     assert capsys.readouterr().out == kept
+
+
+def test_a_crash_the_rank_survives_ends_at_its_next_logged_line(capsys):
+    """A Paddle error caught and logged (its C++ traceback and summary) is a crash's text, but the rank goes on: its
+    next line of its own log (`[date time] [LEVEL]`) and those after it are on the console again (they were all left
+    out for the rest of the run)."""
+    console = failure_report._Console()
+    paddle_error = ("C++ Traceback (most recent call last):\n0   paddle::memory::Alloc\n"
+                    "Error Message Summary:\nResourceExhaustedError: Out of memory\n")
+    after = ("[2026-12-07 18:00:00,123] [ WARNING] - retrying the step with a smaller micro-batch\n"
+             "[2026-12-07 18:00:01,456] [    INFO] - loss: 2.4, global_step: 21\n")
+    console.write(paddle_error + after + "  [enforce fail at gloo/x.cc:3] after the last log line\n")
+    console.flush()
+    assert capsys.readouterr().out == after
+    assert "".join(console.dropped).startswith(paddle_error) and "enforce fail" in console.dropped[-1]
+
+
+def test_one_list_of_a_crash_s_lines_for_the_console_and_the_watchers():
+    """The watchers' `before_abort` and the console judge a crash's line by `rank_log.crash_line` (two lists of
+    different members were kept: `Fatal Python error` ended a survivor's output for the console only)."""
+    from pretrain_cli.distributed.launcher import rank_log, watcher
+
+    out = b"step 7: loss 2.5\nFatal Python error: Aborted\n\nThread 0x1 (most recent call first):\n"
+    assert watcher.before_abort(out) == b"step 7: loss 2.5\n"
+    for line in ABORT.splitlines():
+        if line.strip() and not line.startswith((" ", "-", "Thread", "Current", "0 ")):
+            assert rank_log.crash_line(line), line
+    assert not rank_log.crash_line("step 3: reading /data/gloo_corpus/part-1")

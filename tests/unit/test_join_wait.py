@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 from pretrain_cli import processes
 from pretrain_cli.distributed.launcher import job, join_deadline, join_wait, rank_log
@@ -73,3 +74,29 @@ def test_a_rank_still_starting_up_or_gone_is_told_apart_from_one_that_came(tmp_p
     assert [(r, why.split(" ")[0]) for r, _, why in join_wait.absent(ranks, arrived, 0)] == [(3, "gone"), (1, "still")]
     assert join_wait.absent(ranks, join_wait.came(None, ranks), 0) == [(3, 2 ** 22 + 7, "gone (it ended before the "
                                                                           "join)")]  # (no launch.sh: arrival unknown)
+
+
+def test_a_rank_that_came_and_was_stopped_there_is_not_said_to_have_never_come(tmp_path):
+    """Its `joining` record exists: it came to the join, and was stopped (or died) after; it was reported as 'has not
+    come to the join ... stopped'."""
+    (tmp_path / "rank-1.json").write_text(json.dumps({"kind": "joining"}))
+    held = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(held.pid, signal.SIGSTOP)
+        while not processes.stopped(held.pid):
+            time.sleep(0.05)
+        ranks = {0: os.getpid(), 1: held.pid}
+        arrived = join_wait.came(tmp_path, ranks)
+        missing = join_wait.absent(ranks, arrived, 0)
+        assert missing == [(1, held.pid, "stopped (kill -STOP, a debugger, a paused job: state T)")]
+        note = join_wait.note(0, 7, 60.0, 600.0, 2, ranks, missing, arrived)
+        assert f"rank 1 (pid {held.pid}) came but is stopped" in note and "has not" not in note, note
+        named = join_wait.named(0, missing[0], 0, 600.0, 2, 124, came=True)
+        assert f"rank 1 (pid {held.pid} on {socket.gethostname()}) came to the join of the process group of 2 ranks " \
+               f"but is stopped (kill -STOP, a debugger, a paused job: state T), 600 s after rank 0 came to it" in named
+        assert "has not come" not in named and rank_log.VERDICT.match(named)
+    finally:
+        held.kill()
+        held.wait()
+    gone = join_wait.absent({0: os.getpid(), 1: 2 ** 22 + 7}, {1}, 0)  # came, then died in the join
+    assert gone == [(1, 2 ** 22 + 7, "gone (it ended in the join)")]

@@ -30,18 +30,22 @@ FAILED = "Container failed"  # the start of the launcher's ERROR record of a fai
 # the lines that say how the job ended, which launch.sh says once on stderr: the CLI's one-line errors, and the rank
 # watchers' verdicts (`rank_log.VERDICT`), for this rank or another
 ENDING = re.compile(r"error: |" + rank_log.VERDICT.pattern)
-# the first line of a rank's fatal crash, which launch.sh's account names and its workerlog keeps in full: gloo's C++
-# abort (`terminate called ... gloo::TimeoutException`: its 30 s timeout waiting for a stopped peer), Python's
-# fatal-error report and every thread's stack, Paddle's C++ traceback and FatalError; from it on, the rank writes only
-# its death (a Python `Traceback` is not one: a rank may log one and go on)
-CRASH = re.compile(r"\s*(terminate called|Fatal Python error|C\+\+ Traceback|Error Message Summary|FatalError)"
-                   r"|.*(gloo::|\[enforce fail at |gloo/[\w/]+\.(cc|h):\d)")
+# a rank's fatal crash (`rank_log.crash_line`), which launch.sh's account names and its workerlog keeps in full: gloo's
+# 30 s timeout aborting the rank waiting for a stopped peer, with every thread's stack, Paddle's C++ traceback and
+# FatalError; it lasts until the rank's next line of its own log (`rank_log.LOGGED`: a crash it survived, a Paddle
+# error caught and logged, ends there). A Python `Traceback` is not one: a rank may log one and go on
+
+
+def _crashed(line: str, before: bool) -> bool:
+    """Whether `line` is a crash's (`before`: the line before it was): a line of the rank's own log never is."""
+    return not rank_log.LOGGED.match(line) and (before or rank_log.crash_line(line))
 
 
 class _Console:
     """The launcher's copy of rank 0 onto stdout, without the lines of `ENDING` and the blank lines before them (a
-    watcher sets its verdict apart so), nor anything from the first line of a crash (`CRASH`) on: ~60 lines of gloo's
-    abort, stacks and tracebacks before launch.sh's one line naming the rank that hung (those left out are kept in
+    watcher sets its verdict apart so), nor a crash, from its first line (`rank_log.crash_line`) to the rank's next line
+    of its own log (`rank_log.LOGGED`): ~60 lines of gloo's abort, stacks and tracebacks before launch.sh's one line
+    naming the rank that hung (those left out are kept in
     `dropped`, the last `KEPT`); a line is judged whole
     (a part read before its writer finished it waits for its end). Paddle reads the log in text mode with universal
     newlines, so "\r\n" and a lone "\r" reach `write` as "\n" already: lines end at "\n" only here
@@ -53,7 +57,7 @@ class _Console:
     def __init__(self):
         self.part, self.blank = "", ""
         self.dropped: list[str] = []
-        self.crashed = False  # a line of `CRASH` was seen: the rest is the crash's
+        self.crashed = False  # a crash's line was seen, and no line of the rank's own log since
 
     def write(self, text: str) -> None:
         *lines, self.part = (self.part + text).split("\n")
@@ -61,7 +65,7 @@ class _Console:
             if not line.strip():
                 self.blank += line + "\n"
             else:
-                self.crashed = self.crashed or bool(CRASH.match(line))
+                self.crashed = _crashed(line, self.crashed)
                 if self.crashed or ENDING.match(line):
                     self.dropped = [*self.dropped, line + "\n"][-self.KEPT:]
                 else:
@@ -69,7 +73,7 @@ class _Console:
                 self.blank = ""
 
     def flush(self) -> None:
-        if self.part and (self.crashed or CRASH.match(self.part) or ENDING.match(self.part)):
+        if self.part and (_crashed(self.part, self.crashed) or ENDING.match(self.part)):
             self.dropped = [*self.dropped, self.part][-self.KEPT:]
         else:  # (blank lines with no ending line after them are the rank's own)
             sys.stdout.write(self.blank + self.part)

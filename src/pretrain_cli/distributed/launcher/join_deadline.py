@@ -99,10 +99,12 @@ def _wait(read_end: int, rank: int, parent: int, allowance: float, world_size: i
             os.write(2, f"\n{text}\n".encode())
             due += REPEAT
     ranks = join_wait.host_ranks(parent)
-    missing = join_wait.absent(ranks, join_wait.came(verdicts, ranks), rank)
-    if missing:  # a rank of this host never came: it is the cause, not this one
+    arrived = join_wait.came(verdicts, ranks)
+    missing = join_wait.absent(ranks, arrived, rank)
+    if missing:  # a rank of this host never came, or came and stopped: it is the cause, not this one
         culprit = missing[0]
-        text = join_wait.named(rank, culprit, len(missing) - 1, allowance, world_size, HUNG)
+        text = join_wait.named(rank, culprit, len(missing) - 1, allowance, world_size, HUNG,
+                               came=culprit[0] in (arrived or ()))
         os.write(2, f"\n{text}\n".encode())
         if record is not None:
             record(culprit[0], HUNG, "hung", text.removeprefix("[pretrain-cli] "),

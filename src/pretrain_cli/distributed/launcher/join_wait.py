@@ -52,17 +52,19 @@ def came(verdicts, ranks) -> set | None:
 
 
 def absent(ranks: dict, arrived: set | None, me: int) -> list[tuple[int, int, str]]:
-    """[(rank, pid, why)] of this host's ranks that have not come to the join, the likeliest cause first: stopped,
-    gone, then still starting up (known only with `arrived`)."""
+    """[(rank, pid, why)] of this host's ranks that hold the join up, the likeliest cause first: stopped, gone, then
+    still starting up (known only with `arrived`). A rank that came (its `joining` record) and was stopped or died
+    there is listed too, worded as such by `note` and `named` (`arrived`): it was said to have never come."""
     out = []
     for r, pid in sorted(ranks.items()):
         if r == me:
             continue
+        came = arrived is not None and r in arrived
         if processes.stopped(pid):
             out.append((0, r, pid, "stopped (kill -STOP, a debugger, a paused job: state T)"))
         elif not processes.alive(pid):
-            out.append((1, r, pid, "gone (it ended before the join)"))
-        elif arrived is not None and r not in arrived:
+            out.append((1, r, pid, "gone (it ended in the join)" if came else "gone (it ended before the join)"))
+        elif arrived is not None and not came:
             out.append((2, r, pid, "still starting up (its workerlog says where it is)"))
     return [(r, pid, why) for _, r, pid, why in sorted(out)]
 
@@ -73,7 +75,8 @@ def note(me: int, pid: int, waited: float, allowance: float, world_size: int | N
     who = f"the process group of {world_size} ranks" if world_size else "the process group"
     here = sorted((arrived or set()) | {me})
     have = f"rank{'s' if len(here) > 1 else ''} {', '.join(map(str, here))} came"
-    gaps = "; ".join(f"rank {r} (pid {p}) has not: {why}" for r, p, why in missing)
+    gaps = "; ".join(f"rank {r} (pid {p}) " + (f"came but is {why}" if r in (arrived or ()) else f"has not: {why}")
+                     for r, p, why in missing)
     if not missing:
         gaps = ("every rank of this host has" if arrived is not None or not ranks else
                 "the others' arrival is not known here (no launch.sh)")
@@ -85,13 +88,15 @@ def note(me: int, pid: int, waited: float, allowance: float, world_size: int | N
 
 
 def named(me: int, culprit: tuple[int, int, str], more: int, allowance: float, world_size: int | None,
-          code: int) -> str:
-    """The line naming the rank of this host that never came to the join (`culprit`: rank, pid, why)."""
+          code: int, came: bool = False) -> str:
+    """The line naming the rank of this host that holds the join up (`culprit`: rank, pid, why): one that never came,
+    or (`came`) one that came and was stopped or died there."""
     r, pid, why = culprit
     who = f"the process group of {world_size} ranks" if world_size else "the process group"
     others = f" (and {more} more rank(s) of this host)" if more else ""
-    return (f"[pretrain-cli] rank {r} (pid {pid} on {socket.gethostname()}){others} has not come to the join of {who} "
-            f"{allowance:.0f} s after rank {me} came to it (hang_timeout's start-up allowance): {why}; the ranks stop, "
+    state = f"came to the join of {who} but is {why}," if came else f"has not come to the join of {who}"
+    return (f"[pretrain-cli] rank {r} (pid {pid} on {socket.gethostname()}){others} {state} {allowance:.0f} s after "
+            f"rank {me} came to it (hang_timeout's start-up allowance){'' if came else ': ' + why}; the ranks stop, "
             f"killed (launch.sh: exit {code}). Find what holds rank {r} and re-run")
 
 

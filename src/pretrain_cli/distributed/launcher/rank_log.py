@@ -29,8 +29,29 @@ PREFIX = "[pretrain-cli] "  # what starts the lines of the ranks' watchers (and 
 VERDICT = re.compile(re.escape(PREFIX) + r"(rank \d+: )?rank \d+ \(pid \d+ on [^)]*\)( (died|left with an error|"
                      r"made no progress|was aborted by the collective library|stopped \()"
                      # a join's limit (`join_deadline`): the rank that never came, or the waiting rank's own
-                     r"|( \(and \d+ more rank\(s\) of this host\))? has not come to the join"
+                     r"|( \(and \d+ more rank\(s\) of this host\))? (has not come|came) to the join"
                      r"|: the process group (of \d+ ranks )?has not formed)")
+# how a rank's fatal crash, or its reaction to a lost peer, starts (the one list: the launcher's console copy of rank 0
+# leaves it out, `failure_report`; a watcher drops it from a survivor's output, `watcher.before_abort`): a line starting
+# with gloo's C++ abort (`terminate called ... gloo::TimeoutException`, its `what():`), Python's fatal-error report,
+# Paddle's C++ traceback, its summary and FatalError, or holding gloo's own forms (its C++ names, Paddle's gloo
+# process group, gloo's enforce) or a place in gloo's sources, wherever gloo was built (the wheel's
+# `/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:589`, a build's `gloo/transport/tcp/pair.cc:589`)
+CRASH_STARTS = ("terminate called", "what():", "Fatal Python error", "C++ Traceback", "Error Message Summary",
+                "FatalError")
+GLOO = ("gloo::", "process_group_gloo", "[enforce fail at")
+GLOO_SOURCE = re.compile(r"gloo/[\w/]+\.(?:cc|h):\d+")
+# a line the rank's own log writes (`training.metrics`: `[2026-12-07 18:00:00,123] [    INFO] - ...`): what follows a
+# crash it survived (a Paddle error with its C++ traceback, caught and logged) is its own again
+LOGGED = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[")
+
+
+def crash_line(line: str) -> bool:
+    """Whether `line` is one of a crash, or of a rank's reaction to a lost peer (`CRASH_STARTS`, `GLOO`, `GLOO_SOURCE`)."""
+    return (line.lstrip().startswith(CRASH_STARTS) or any(mark in line for mark in GLOO)
+            or GLOO_SOURCE.search(line) is not None)
+
+
 # what starts a crash's account in a rank's log: an uncaught exception's traceback (an ExceptionGroup's, indented),
 # a fatal signal's stack (Python's faulthandler, on for every rank: `runtime.import_paddle`)
 TRACEBACK, GROUP = "Traceback (most recent call last):", "  + Exception Group Traceback (most recent call last):"

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import time
 from pathlib import Path
@@ -38,27 +37,22 @@ HUNG = 124  # the exit code of a job ended because a rank made no progress (as t
 LOST = 1  # ... because a rank failed elsewhere (`errors.PeerFailed`'s)
 
 
-# how a line of the reaction to a lost peer starts (leading blanks aside): gloo's C++ abort, Paddle's C++ and Python
-# tracebacks and their summary, a Python error raised by gloo (`RuntimeError: [/paddle/third_party/gloo/...] TIMEOUT`)
-ABORT = (b"terminate called", b"what():", b"C++ Traceback", b"Traceback (most recent call last)", b"FatalError",
-         b"Error Message Summary")
-# gloo's own forms, anywhere in a line: its C++ names, Paddle's gloo process group, gloo's enforce
-GLOO = (b"gloo::", b"process_group_gloo", b"[enforce fail at")
-# ... and a place in gloo's sources, as its errors cite it wherever gloo was built (the wheel's
-# `/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:589`, a build's `gloo/transport/tcp/pair.cc:589`)
-GLOO_SOURCE = re.compile(rb"gloo/[\w/]+\.(?:cc|h):\d+")
+# a survivor's reaction to a lost peer: a line of a crash (`rank_log.crash_line`), or a Python traceback (a Python
+# error raised by gloo: `RuntimeError: [/paddle/third_party/gloo/...] TIMEOUT`; after a peer's loss it is the reaction)
+ABORT = (rank_log.TRACEBACK,)
 
 
 def before_abort(out: bytes) -> bytes:
     """`out`, a survivor's output read when a peer's death or departure was seen, up to its first line of the
-    reaction to it (a line starting as `ABORT` says, or holding one of `GLOO` or a `GLOO_SOURCE` place). Why: what
+    reaction to it (`ABORT`: a crash's line, or a Python traceback). Why: what
     the rank wrote before the loss (a step's line, a warning) is its own and is kept, while the reaction, which may
     already be in the pipe when the watcher looks (the peer's sockets close before its exit wakes the watcher), says
     nothing of who was lost. Anchored: a line of the rank's own that merely mentions gloo (a path `/data/gloo_corpus`,
     an error of ours about a gloo group) is no reaction, since everything from the first reaction line on is dropped."""
     lines = out.splitlines(keepends=True)
     for n, line in enumerate(lines):
-        if line.lstrip().startswith(ABORT) or any(mark in line for mark in GLOO) or GLOO_SOURCE.search(line):
+        text = line.decode(errors="replace")
+        if text.lstrip().startswith(ABORT) or rank_log.crash_line(text):
             return b"".join(lines[:n])
     return out
 
