@@ -110,6 +110,6 @@ def test_the_fit_line_says_how_many_were_skipped(capsys):
     assert cli_main(["plan", str(LLAMA_8B), "--device", "A100-40GB", "--gpus", "8", "--max_seq_length", "16384",
                      "--fit"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert " tried (micro-batch x accumulation" in first
+    assert " planned (micro-batch x accumulation" in first
     assert first.endswith(" more skipped: layouts whose state alone, or a smaller micro-batch of them, is over the "
                           "budget")

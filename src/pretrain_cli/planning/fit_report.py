@@ -37,7 +37,7 @@ def format_fit(f: dict) -> str:
     dev = f["device"]
     lines = [f"fit: {f['gpus']} x {dev['name']} ({dev['memory_gib']:.1f} GiB each), safety margin "
              f"{f['margin'] * 100:g}% -> budget {_gib(f['budget_gib'])} per device; {f['valid']} layouts "
-             f"train can run of {f['tried']} tried (micro-batch x accumulation keeping the global batch of "
+             f"train can run of {f['tried']} planned (micro-batch x accumulation keeping the global batch of "
              f"{f['global_batch']}, recompute, flash attention, sharding stage, tensor-parallel, pipeline"
              + (", context-parallel or expert-parallel degree)" if f.get("experts")
                 else " or context-parallel degree)")
