@@ -139,14 +139,16 @@ def _fp16_run(tmp_path, precision: str = "fp16") -> tuple[str, str, dict]:
 
 def test_a_change_of_a_runs_setting_that_changes_no_kernel_here_runs_with_a_note(tmp_path, capsys, monkeypatch):
     """`--fp16 false` on a run recorded with fp16 (its GPU setting) was refused on CPU: it evaluates, with one note,
-    its split through a run's --model and --config, and --data's windows; and --config's file is parsed once (it
-    was parsed twice, four times with a kernel key; on the --data path six), again only without the kernel key."""
+    its split through a run's --model, --config alone and --config with --model, and --data's windows; and
+    --config's file is parsed once (it was parsed twice, four times with a kernel key; on the --data path six), again
+    only without the kernel key."""
     from pretrain_cli.cli import main as cli_main
 
     model, config, arguments = _fp16_run(tmp_path)
     calls = _counted_parses(monkeypatch)
     note = f"note: --fp16 false: changes no kernel eval runs on cpu {FP16_WHY}"
-    for argv, parses in ((["--model", model], None), (["--config", str(config), "--model", model], 2),
+    for argv, parses in ((["--model", model], None), (["--config", str(config)], 2),
+                         (["--config", str(config), "--model", model], 2),
                          (["--config", str(config), "--data", arguments["input_dir"]], 2)):
         calls.clear()
         code, out = cli_main(["eval", *argv, "--fp16", "false", "--json"]), capsys.readouterr()
