@@ -21,9 +21,11 @@ def test_a_final_model_is_its_weights_its_step_named_where_its_state_says_it(tmp
     ckpt = out / "checkpoint-3"
     assert export.final_step(out) == (True, None)
     assert closing.stopped(STOP, out, 3) == (
-        f"{STOP}; {out} holds a final model exported when the run ended earlier (its step unknown: no readable "
+        f"{STOP}; {out} holds a final model exported when the run ended earlier (its step unknown: no "
         f"trainer_state.json): pretrain-cli eval --model {ckpt} and pretrain-cli generate --model {ckpt} read "
         f"step 3's weights meanwhile")
+    (out / "trainer_state.json").write_text("{")
+    assert export.final_model(out) == (True, None, "no readable trainer_state.json")
     (out / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
     assert export.final_step(out) == (True, 2)
     assert closing.stopped(STOP, out, 3) == (
@@ -64,3 +66,24 @@ def test_samples_per_second_counts_every_launchs_samples_whatever_ignore_data_sk
     results = run_end.train_results(trainer)
     assert results["train_samples_per_second"] == 12.0 and results["train_steps_per_second"] == 3.0
     assert results["train_tokens_per_second"] == 12.0 * 32
+
+
+def test_a_state_older_than_the_weights_is_said_so_not_unreadable(tmp_path):
+    """A copy that kept no modification times (scp -r, rsync without -t) leaves trainer_state.json older than the
+    weights: its step is not taken (it may be a download's own), and the stop's line says why. It said "no readable
+    trainer_state.json" of a file that says step 8."""
+    import os
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"weights")
+    (out / "trainer_state.json").write_text(json.dumps({"global_step": 8}))
+    t = (out / "model.safetensors").stat().st_mtime_ns
+    os.utime(out / "trainer_state.json", ns=(t - 10**9, t - 10**9))
+    why = ("its trainer_state.json, of step 8, is older than its weights: a download's own or an earlier export's, "
+           "or a copy that kept no modification times")
+    assert export.final_model(out) == (True, None, why) and export.final_step(out) == (True, None)
+    ckpt = out / "checkpoint-9"
+    assert closing.stopped(STOP, out, 9) == (
+        f"{STOP}; {out} holds a final model exported when the run ended earlier (its step unknown: {why}): "
+        f"pretrain-cli eval --model {ckpt} and pretrain-cli generate --model {ckpt} read step 9's weights meanwhile")

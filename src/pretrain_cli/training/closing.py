@@ -95,16 +95,16 @@ def stopped(message: str, output_dir, step: int) -> str:
     """A stop's line (`run_end.stop_message`) with what reads its weights until the run ends. `eval` and `generate`
     take a run directory without a final model for its newest checkpoint; one that holds an earlier end's final model
     (a run continued past its end, then stopped) stands for that model, so the checkpoint is named instead: whether
-    there is one is decided as `eval` decides it, by the weights alone (`export.final_step`), its step named where
-    its trainer state says it."""
-    from pretrain_cli.training.export import final_step
+    there is one is decided as `eval` decides it, by the weights alone (`export.final_model`), its step named where
+    its trainer state says it, else why it is unknown."""
+    from pretrain_cli.training.export import final_model
 
-    has, final = final_step(output_dir)
+    has, final, unknown = final_model(output_dir)
     if not has:
         evaluate, generate = _commands(str(output_dir))
         return f"{message}; no final model yet: {evaluate} and {generate} read checkpoint-{step} meanwhile"
     evaluate, generate = _commands(str(run_dir.checkpoint_dir(output_dir, step)))
-    which = ("a final model exported when the run ended earlier (its step unknown: no readable trainer_state.json)"
+    which = (f"a final model exported when the run ended earlier (its step unknown: {unknown})"
              if final is None else f"the final model of step {final} (exported when the run ended there)")
     return f"{message}; {output_dir} holds {which}: {evaluate} and {generate} read step {step}'s weights meanwhile"
 

@@ -152,26 +152,41 @@ def _unchanged(out: Path, entry: dict) -> bool:
 
 
 def final_step(out) -> tuple[bool, int | None]:
-    """(whether run directory `out` holds a final model, the step it was exported at): a final model is safetensors
-    weights under transformers' names (`convert.HF_WEIGHTS`: what an export of ours writes), whole or what an export
-    stopped part way left (`whole_final` tells), but for those args.json records as there before the run
-    (`before_the_run`: a download the run has not replaced yet); weights under other names are no model
-    (`convert.find_weights` refuses them). Its step is the trainer state the export wrote after its weights, None
-    where that is unreadable or older than them (an export killed before it: what is there is a download's own, or
-    an earlier export's). `eval`, `generate` (`orchestration.recorded`), `export`, `continue_training`,
-    `closing.stopped` and `remove_final` all ask here, so they agree on what is there."""
+    """(whether run directory `out` holds a final model, the step it was exported at): `final_model`'s first two."""
+    return final_model(out)[:2]
+
+
+def final_model(out) -> tuple[bool, int | None, str | None]:
+    """(whether run directory `out` holds a final model, the step it was exported at, why that step is unknown): a
+    final model is safetensors weights under transformers' names (`convert.HF_WEIGHTS`: what an export of ours
+    writes), whole or what an export stopped part way left (`whole_final` tells), but for those args.json records
+    as there before the run (`before_the_run`: a download the run has not replaced yet); weights under other names
+    are no model (`convert.find_weights` refuses them). Its step is the trainer state the export wrote after its
+    weights, None where that is missing, unreadable or older than them (an export killed before it: what is there
+    is a download's own, or an earlier export's; or a copy that kept no modification times: scp -r, rsync without
+    -t), with that reason, for a line naming the model to say (`closing.stopped`). `eval`, `generate`
+    (`orchestration.recorded`), `export`, `continue_training`, `closing.stopped` and `remove_final` all ask here,
+    so they agree on what is there."""
     out = Path(out)
     weights = set(n for n in hf_weight_names(out) if n.endswith(".safetensors")) if out.is_dir() else set()
     weights -= set(before_the_run(out))
     if not weights:
-        return False, None
+        return False, None, None
+    state = out / run_dir.STATE_FILE
     try:
-        state = out / run_dir.STATE_FILE
-        if state.stat().st_mtime_ns < max((out / n).stat().st_mtime_ns for n in weights):
-            return True, None
-        return True, int(json.loads(state.read_text(encoding="utf-8"))["global_step"])
+        step = int(json.loads(state.read_text(encoding="utf-8"))["global_step"])
+    except FileNotFoundError:
+        return True, None, f"no {run_dir.STATE_FILE}"
     except (OSError, ValueError, KeyError, TypeError):
-        return True, None
+        return True, None, f"no readable {run_dir.STATE_FILE}"
+    try:
+        older = state.stat().st_mtime_ns < max((out / n).stat().st_mtime_ns for n in weights)
+    except OSError:
+        return True, None, f"no readable {run_dir.STATE_FILE}"
+    if older:  # (the export writes it after the weights)
+        return True, None, (f"its {run_dir.STATE_FILE}, of step {step}, is older than its weights: a download's "
+                            f"own or an earlier export's, or a copy that kept no modification times")
+    return True, step, None
 
 
 def whole_final(out) -> bool:
