@@ -178,7 +178,7 @@ def readable_weights(src_dir) -> list[str]:
     run's checkpoint-N or final directory is incomplete (or damaged), and another of its run's is named."""
     from pretrain_cli.storage.shard_files import File, advice_for
 
-    files, names = find_weights(src_dir), []
+    files, names = find_weights(src_dir, "continue_training"), []
     listed_in = INDEX_FILE if os.path.isfile(os.path.join(src_dir, INDEX_FILE)) else None  # else each was found
     advice = advice_for(src_dir, "continue_training")
     for path in files:
@@ -216,16 +216,28 @@ def detect_layout(shapes: dict, model=None) -> str:
 
 
 # ---------------------------------------------------------------- files
-def find_weights(src_dir) -> list[str]:
+def find_weights(src_dir, use: str = "inference") -> list[str]:
     """The safetensors files a model directory's model is read from, judged by transformers' names (`HF_WEIGHTS`)
     as from_pretrained judges them: the shards its model.safetensors.index.json lists, else its model.safetensors
     alone; in a checkpoint-N of ours, its weights beside checkpoint.index.json (which places their pieces). Other
     weights are never read as the model: shards without their index (an export or download stopped part way)
     are refused naming them, as are weights under other names only (model_ema.safetensors: read beside another
-    file, a tensor both hold came silently from the last). UserError naming the directory if there are none."""
+    file, a tensor both hold came silently from the last). A directory holding both model.safetensors and the
+    index is refused naming both, not read as transformers reads it (model.safetensors first): our writer never
+    leaves both (`write_hf_dir` removes a model's files first), so both are two models mixed (a sharded one copied
+    over a single-file one: cp and rsync remove nothing), and which is this one the files cannot tell. One of our
+    checkpoints without its checkpoint.index.json (`_ours_unindexed`) gets `storage.intact`'s line, as `export`
+    does, ended as `advice_for` says for `use`. UserError naming the directory if there are none."""
     from pretrain_cli.storage.checkpoint_index import INDEX as CHECKPOINT_INDEX
 
     src_dir = str(src_dir)
+    if _ours_unindexed(src_dir):
+        from pretrain_cli.storage import intact
+        from pretrain_cli.storage.shard_files import advice_for
+
+        reason = intact.damage(src_dir, checksums=False)  # (headers only: a checkpoint from before the index passes)
+        if reason is not None:
+            raise UserError(f"{reason}; {advice_for(src_dir, use).said(reason.state)}")
     index = os.path.join(src_dir, INDEX_FILE)
     if os.path.isfile(index):
         try:
@@ -239,6 +251,11 @@ def find_weights(src_dir) -> list[str]:
             raise UserError(f"{index}: `weight_map` must map tensor names to shard file names in this directory; "
                             f"re-create it or point to another checkpoint")
         files = sorted(set(weight_map.values()))
+        if os.path.isfile(os.path.join(src_dir, SINGLE_FILE)) and SINGLE_FILE not in files and \
+                not os.path.isfile(os.path.join(src_dir, CHECKPOINT_INDEX)):
+            raise UserError(f"{src_dir}: holds both {SINGLE_FILE}, which transformers reads, and {INDEX_FILE}, "
+                            f"which names {_some(files)}: two models mixed, not read; remove the one that is not "
+                            f"this model ({SINGLE_FILE}, or the index and its shards), or point to another directory")
         return [os.path.join(src_dir, f) for f in files]
     found = weight_files(src_dir)[0]  # (no optimizer's, no adapter's)
     named = [n for n in found if HF_WEIGHTS.fullmatch(n)]
@@ -257,6 +274,22 @@ def find_weights(src_dir) -> list[str]:
                         f"weights, rename it {SINGLE_FILE} (beside its config.json), else point to another directory")
     refuse_unread(src_dir)  # weights in files not read (pytorch_model.bin, .pdparams ...): named, with the conversion
     raise UserError(f"{src_dir}: no {SINGLE_FILE} or {INDEX_FILE}; point to a directory with HF safetensors")
+
+
+def _ours_unindexed(src_dir: str) -> bool:
+    """A checkpoint of our runs (optimizer*.safetensors, and its checkpoint-N name or our args.json record; not
+    PaddleNLP's, which holds its Trainer's files) without its checkpoint.index.json."""
+    from pathlib import Path
+
+    from pretrain_cli.run_dir import CHECKPOINT
+    from pretrain_cli.storage import checkpoint_index, intact
+    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
+
+    path = Path(src_dir)
+    if (path / checkpoint_index.INDEX).is_file() or not any(path.glob("optimizer*.safetensors")):
+        return False
+    ours = CHECKPOINT.match(path.name) or CheckpointDir(path).record is not None
+    return bool(ours) and intact.paddlenlp_checkpoint(path) is None
 
 
 def _some(names: list[str]) -> str:
