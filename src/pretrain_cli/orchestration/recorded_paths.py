@@ -113,21 +113,33 @@ def _refuse_missing(config: str, missing: list[str], started: Path | None, singl
 
 
 def _same_files(a: Path, b: Path) -> bool:
-    """Whether two token-file paths hold the same data: the same files by name and size, equal `.idx` files (the
-    documents' lengths) and equal first and last MiB of each `.bin` (reading whole corpora twice to compare them
-    would cost more than the evaluation)."""
+    """Whether two token-file paths hold the same data: the same token files by name and size (`_token_files`:
+    what the run reads, so a README or a tokenizer's files beside them are no difference), equal `.idx` files (the
+    documents' lengths), equal first and last MiB of each `.bin` (reading whole corpora twice to compare them would
+    cost more than the evaluation), and equal `.json` sidecars where both have one (one copied without its sidecar
+    holds the same tokens)."""
     if a.resolve() == b.resolve():
         return True
-    files_a, files_b = _token_files(a), _token_files(b)
-    if [(n, f.stat().st_size) for n, f in files_a] != [(n, f.stat().st_size) for n, f in files_b]:
-        return False
-    return all(_sample(fa) == _sample(fb) for (_, fa), (_, fb) in zip(files_a, files_b))
+    files_a, files_b = dict(_token_files(a)), dict(_token_files(b))
+    sidecars = [n for n in files_a if n.endswith(".json") and n in files_b]
+    data_a, data_b = ([(n, f.stat().st_size) for n, f in sorted(files.items()) if not n.endswith(".json")]
+                      for files in (files_a, files_b))
+    return data_a == data_b and all(_sample(files_a[n]) == _sample(files_b[n])
+                                    for n in [n for n, _ in data_a] + sidecars)
+
+
+# what the run reads of a token-file prefix: its pair (or the legacy pair), its loss mask and its `.json` sidecar
+TOKEN_SUFFIXES = (".bin", ".idx", "_ids.npy", "_idx.npz", ".lsm", ".json")
 
 
 def _token_files(path: Path) -> list[tuple[str, Path]]:
-    if path.is_dir():
-        return sorted((str(f.relative_to(path)), f) for f in path.rglob("*") if f.is_file())
-    return [(s, path.with_name(path.name + s)) for s in (".bin", ".idx") if path.with_name(path.name + s).exists()]
+    """(name, file) of the token files a recorded input_dir `path` reads: a directory's every prefix
+    (`data.indexed.token_prefixes`, as `data.blend` takes a directory), else the prefix's own."""
+    from pretrain_cli.data.indexed import token_prefixes
+
+    prefixes = [Path(p) for p in token_prefixes(path)] if path.is_dir() else [path]
+    found = (q.with_name(q.name + s) for q in prefixes for s in TOKEN_SUFFIXES)
+    return [(f.name, f) for f in found if f.is_file()]
 
 
 def _sample(path: Path, size: int = 1 << 20) -> bytes:
