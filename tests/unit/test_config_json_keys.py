@@ -119,7 +119,7 @@ def test_the_experts_line_says_their_width_and_the_defaults_it_took(tmp_path):
 def test_deepseek_v3_counts_its_mtp_layer_in_both_lines(tmp_path):
     text = _describe(tmp_path, _preset("micro-deepseek-v3"))
     assert "(2 layers + 1 MTP (multi-token prediction) layer, hidden 64," in text, text
-    assert "  experts: 8 routed + 1 shared, 32 wide each, in 1 of 2 layers + the MTP layer, top-2," in text, text
+    assert "  experts: 8 routed + 1 shared, 32 wide each, in 1 of 2 layers + the MTP layer, top-2 of the top 2 of 4 expert groups," in text, text
     dense_only = {**_preset("micro-deepseek-v3"), "first_k_dense_replace": 2}  # only the MTP layer holds experts
     assert "in 0 of 2 layers + the MTP layer," in _describe(tmp_path, dense_only)
 
