@@ -61,7 +61,7 @@ def test_a_rank_killed_by_paddles_launcher_mid_stop_is_said_to_be_its_30_s_limit
         "ranks 30 s after its signal; that checkpoint is lost (a re-run resumes from the newest complete one), launch "
         "with scripts/launch.sh, which gives a stop STOP_TIMEOUT s (default 900), and give the scheduler's grace period "
         "as long; the other ranks stop too. Re-run the same command (or launch with MAX_RESTART) to resume from the "
-        "newest complete checkpoint-N."), out
+        "newest complete checkpoint of output_dir, if any."), out  # (no output_dir given: rerun.resumes)
     assert record["exit"] == 137 and record["kind"] == "died"
 
 
