@@ -30,7 +30,8 @@ KILLED = ("killed by SIGKILL (often the kernel's OOM killer: see dmesg); the oth
 @pytest.mark.parametrize("fault, rank", [("forward:6", 1), ("forward:6", 0), ("enospc:1", 0)])
 def test_a_ranks_failure_is_said_once_on_stderr_with_how_its_line_and_its_log(corpus, tmp_path, fault, rank):
     out, log_dir = tmp_path / "out", tmp_path / "log"
-    cfg = write_config(tmp_path / "cfg.json", corpus, out, max_steps=12, save_steps=3)
+    # (without overwrite: the same command resumes from the newest checkpoint, which the advice names)
+    cfg = write_config(tmp_path / "cfg.json", corpus, out, max_steps=12, save_steps=3, overwrite_output_dir=False)
     with launch_sh(cfg, tmp_path, NPROC="2", LOG_DIR=str(log_dir), PCLI_FAULT=fault, PCLI_FAULT_RANK=str(rank),
                    PYTHONPATH=f"{FAULTS}{os.pathsep}{child_env()['PYTHONPATH']}") as job:
         console, err = job.proc.communicate(timeout=300)
