@@ -164,3 +164,36 @@ def test_on_a_signal_the_store_is_kept_up_only_after_the_ranks_stop(tmp_path, no
     assert said[0] == ("ranks stop", "ended 143")  # said, and no wait (no read) before the ranks are told to stop
     assert said[-1] == ("store stop", None) and ("read", 1) in said  # kept up until node 1 said its end, then stopped
     assert leaving.forced() is None
+
+
+def test_a_second_signal_while_the_store_is_kept_up_still_stops_the_store(tmp_path, nodes, monkeypatch):
+    """A second Ctrl-C while the store was kept up for the other nodes (Paddle's force quit: sys.exit inside the
+    keep-up) left the store, a non-daemon server thread, running: the launcher never exited (R14's review)."""
+    from paddle.distributed.launch.controllers.controller import ControllerBase
+
+    from pretrain_cli.distributed.launcher import rendezvous
+
+    monkeypatch.setattr(ControllerBase, "finalize", ControllerBase.finalize)
+    monkeypatch.setattr(ControllerBase, "signal_handler", ControllerBase.signal_handler)
+    rendezvous._note_ends()
+    said = []
+
+    def read(n):
+        said.append(("read", n))
+        if n == 2:  # the other node has not said its end yet: the user presses Ctrl-C again
+            ControllerBase.signal_handler(fake, 2, None)
+
+    store = Counted(read)
+    node0, _ = _watches(tmp_path, store)
+    leaving.watch_ends(node0)
+    fake = SimpleNamespace(ctx=SimpleNamespace(logger=SimpleNamespace(info=print, debug=print),
+                                               status=SimpleNamespace(done=lambda: None)),
+                           watcher=SimpleNamespace(stop=lambda: None),
+                           pod=SimpleNamespace(stop=lambda timeout=None: said.append(("ranks stop", timeout))),
+                           master=SimpleNamespace(stop=lambda: said.append(("store stop", None))))
+    fake.stop = lambda sigint=None: ControllerBase.stop(fake, sigint)
+    with pytest.raises(SystemExit) as stop:
+        ControllerBase.signal_handler(fake, 15, None)
+    assert stop.value.code == 2  # the second signal's force quit
+    assert ("ranks stop", 10) in said and said[-1] == ("store stop", None), said
+

@@ -170,9 +170,12 @@ def _note_ends() -> None:
         try:
             return stopped(self, sigint, frame)  # (it ends with sys.exit)
         finally:  # the ranks stopped: the store kept up for the others to read this node's end, then stopped
-            leaving.keep_up()
-            self.master.stop = store_stop
-            store_stop()
+            try:
+                leaving.keep_up()
+            finally:  # a second signal meanwhile is Paddle's force quit (sys.exit inside keep_up): the store is
+                # a non-daemon server thread, so left running it would hold the launcher's exit for ever
+                self.master.stop = store_stop
+                store_stop()
 
     ControllerBase.finalize, ControllerBase.signal_handler = finalize_noted, stopped_noted
 
