@@ -218,7 +218,7 @@ def detect_layout(shapes: dict, model=None) -> str:
 # ---------------------------------------------------------------- files
 def find_weights(src_dir, use: str = "inference") -> list[str]:
     """The safetensors files a model directory's model is read from, judged by transformers' names (`HF_WEIGHTS`)
-    as from_pretrained judges them: the shards its model.safetensors.index.json lists, else its model.safetensors
+    (the names from_pretrained reads): the shards its model.safetensors.index.json lists, else its model.safetensors
     alone; in a checkpoint-N of ours, its weights beside checkpoint.index.json (which places their pieces). Other
     weights are never read as the model: shards without their index (an export or download stopped part way)
     are refused naming them, as are weights under other names only (model_ema.safetensors: read beside another
