@@ -94,12 +94,12 @@ def _finish_ending_with(monkeypatch, train):
     ends = []
     monkeypatch.setattr(rank_exit, "leave", lambda comm, kind, error=None: ends.append((kind, type(error).__name__)))
     r = NS(loop=NS(do_train=True, max_steps=5, do_eval=False, do_predict=False),
-           output=NS(overwrite=False, output_dir="out"), parallel=NS(rank=0, is_rank0=True))
+           output=NS(overwrite=False, output_dir="out", resume_from=None), parallel=NS(rank=0, is_rank0=True))
     trainer = NS(state=NS(global_step=2, train_seconds=1.0, consumed_samples=8, tokens_seen=64, loss_sum=1.0,
                           interval_loss=0.0, skipped_steps=0),
                  train=train, throughput=NS(tokens_this_launch=64), process_seconds=1.0, loop=r.loop, seq_len=8,
                  record_closing=lambda values: None)
-    collaborators = NS(saver=NS(wait=lambda: None), close=lambda: None)
+    collaborators = NS(saver=NS(wait=lambda: None, abandon=lambda error: None), close=lambda: None)
     try:
         out = run_end.finish(r, trainer, NoComm(), collaborators)
     except Exception as e:  # noqa: BLE001 - what the end raised, for the assertion
