@@ -93,7 +93,7 @@ def test_hang_timeouts_help_says_the_allowances_the_watchers_and_the_nodes_join_
     nodes' join (`launcher.joining`: each rank marks `allowance("start-up", hang_timeout)` there) takes it too."""
     from dataclasses import fields
 
-    from pretrain_cli.config.arguments import TrainingArguments
+    from pretrain_cli.config.training_arguments import TrainingArguments
 
     text = next(f for f in fields(TrainingArguments) if f.name == "hang_timeout").metadata["help"]
     assert f"Default: {progress.DEFAULT:.0f}, or {progress.STEPS} steps" in text

@@ -14,10 +14,11 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from pretrain_cli.config.arguments import SECTIONS, DataArguments, ModelArguments, TrainingArguments
+from pretrain_cli.config.arguments import SECTIONS, DataArguments, ModelArguments
 from pretrain_cli.config.keys import KEYS, coerce, type_name
 from pretrain_cli.config.paddleformers_keys import PIPELINE, pipeline, take_defaults
 from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED, attention, check_value, whose
+from pretrain_cli.config.training_arguments import TrainingArguments
 from pretrain_cli.errors import Problems, UserError
 
 
