@@ -12,7 +12,7 @@ paddle = runtime.import_paddle()
 from safetensors import safe_open  # noqa: E402
 from safetensors.numpy import load_file as np_load, save_file as np_save  # noqa: E402
 
-from pretrain_cli.models import convert  # noqa: E402
+from pretrain_cli.models import convert, model_files  # noqa: E402
 from pretrain_cli.errors import UserError  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
@@ -63,7 +63,7 @@ def test_bf16_save_and_sharding(tmp_path):
     src = _fresh(cfg, 1)
     files = convert.save_hf(src, cfg, str(tmp_path), dtype="bfloat16", max_shard_bytes=2000)
     assert len(files) > 1 and all((tmp_path / f).exists() for f in files)
-    index = json.loads((tmp_path / convert.INDEX_FILE).read_text())
+    index = json.loads((tmp_path / model_files.INDEX_FILE).read_text())
     assert set(index["weight_map"].values()) == set(files)
     assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "bfloat16"
     dst = _fresh(cfg, 2)
@@ -156,15 +156,15 @@ def test_tied_checkpoint_with_extra_lm_head_is_accepted(tmp_path):
 
 def test_no_weights_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="no model.safetensors"):
-        convert.find_weights(str(tmp_path))
+        model_files.find_weights(str(tmp_path))
     # a trainer's states are no weights: the fallback read every *.safetensors, these as a model's
     for name in ("optimizer.safetensors", "master_weights-00001-of-00001.safetensors"):
         (tmp_path / name).write_bytes(b"")
     with pytest.raises(UserError, match="no model.safetensors"):
-        convert.find_weights(str(tmp_path))
+        model_files.find_weights(str(tmp_path))
     (tmp_path / "consolidated.safetensors").write_bytes(b"")  # weights, but not the model's name: refused, named
     with pytest.raises(UserError, match=r"holds weights only under names not read as a model \(consolidated"):
-        convert.find_weights(str(tmp_path))
+        model_files.find_weights(str(tmp_path))
 
 
 def test_hf_params_marks_linear_weights():

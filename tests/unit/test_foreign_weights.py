@@ -65,7 +65,7 @@ def test_which_files_are_unread_weights(tmp_path):
 def test_an_optimizers_safetensors_are_no_weights(tmp_path):
     """The old judge counted every *.safetensors: optimizer.safetensors and master_weights alone were a model (an
     output_dir holding them refused), and beside them a pytorch_model.bin escaped the refusal."""
-    from pretrain_cli.models.convert import has_weights
+    from pretrain_cli.models.model_files import has_weights
     from pretrain_cli.models.foreign_weights import weight_files
 
     states = _snapshot(tmp_path / "states", "optimizer.safetensors", "master_weights-00001-of-00002.safetensors",
@@ -186,7 +186,7 @@ def test_pytorch_weights_count_as_weights_wherever_weights_are_judged(tmp_path):
     """One judge of which files are weights: a directory of pytorch_model.bin without continue_training is said not
     to be loaded (the old note looked for *.safetensors alone), and an output_dir holding one is not overwritten
     (the old check named model.safetensors, its index and model_state.pdparams only)."""
-    from pretrain_cli.models.convert import has_weights
+    from pretrain_cli.models.model_files import has_weights
     from pretrain_cli.orchestration.opened import foreign_model
     from pretrain_cli.run_config import Target as T
 
@@ -222,7 +222,7 @@ def test_eval_config_names_the_files_output_dir_not_model(tmp_path, capsys):
 def test_a_peft_adapter_is_refused_as_no_model(tmp_path, capsys):
     """A LoRA adapter (adapter_model.safetensors + adapter_config.json) counted as a model: "has no config.json", or
     beside one a missing lm_head.weight; it is named as an adapter, with the merge that makes it a model."""
-    from pretrain_cli.models.convert import has_weights
+    from pretrain_cli.models.model_files import has_weights
 
     bare = tmp_path / "lora"
     bare.mkdir()

@@ -1,5 +1,5 @@
-"""Which files `convert.find_weights` reads a model directory's model from: transformers' names judge
-(`convert.HF_WEIGHTS`), as from_pretrained judges them. Before, a directory without an index had every *.safetensors
+"""Which files `model_files.find_weights` reads a model directory's model from: transformers' names judge
+(`model_files.HF_WEIGHTS`), as from_pretrained judges them. Before, a directory without an index had every *.safetensors
 read as one model: a user's model_ema.safetensors alone was taken for the model (transformers raises OSError there),
 beside model-base.safetensors both were read, and beside the first shard of an export killed part way a tensor both
 held came silently from the last file."""
@@ -8,7 +8,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from pretrain_cli.errors import UserError
-from pretrain_cli.models import convert
+from pretrain_cli.models import convert, model_files
 
 
 def _files(d, *names):
@@ -19,7 +19,7 @@ def _files(d, *names):
 
 
 def _read(d):
-    return [p.rsplit("/", 1)[1] for p in convert.find_weights(str(d))]
+    return [p.rsplit("/", 1)[1] for p in model_files.find_weights(str(d))]
 
 
 def test_weights_under_other_names_alone_are_refused_naming_them(tmp_path):
@@ -27,7 +27,7 @@ def test_weights_under_other_names_alone_are_refused_naming_them(tmp_path):
                   ["model.fp16.safetensors"]):
         d = _files(tmp_path / names[-1], "config.json", *names)
         with pytest.raises(UserError) as e:
-            convert.find_weights(str(d))
+            model_files.find_weights(str(d))
         assert str(e.value) == (f"{d}: holds weights only under names not read as a model ({', '.join(sorted(names))})"
                                 f": the model is model.safetensors, or the shards model.safetensors.index.json lists; "
                                 f"if one of them is this model's weights, rename it model.safetensors (beside its "
@@ -39,7 +39,7 @@ def test_shards_without_their_index_are_refused_naming_them(tmp_path):
     with pytest.raises(UserError, match=r"killed: holds model-00001-of-00003.safetensors, transformers' shards, "
                                         r"without their model.safetensors.index.json: part of a model \(an export or "
                                         r"download stopped part way\), which is not read"):
-        convert.find_weights(str(d))
+        model_files.find_weights(str(d))
 
 
 def test_a_model_is_its_single_file_its_index_or_a_checkpoints_pieces(tmp_path):
@@ -76,7 +76,7 @@ def test_model_safetensors_beside_an_index_of_other_shards_is_refused_naming_bot
                "model-00002-of-00002.safetensors")
     (d / "model.safetensors.index.json").write_text(INDEX)
     with pytest.raises(UserError) as e:
-        convert.find_weights(str(d))
+        model_files.find_weights(str(d))
     assert str(e.value) == (f"{d}: holds both model.safetensors, which transformers reads, and "
                             f"model.safetensors.index.json, which names model-00001-of-00002.safetensors, "
                             f"model-00002-of-00002.safetensors: two models mixed, not read; remove the one that is "
@@ -94,7 +94,7 @@ def test_our_checkpoint_without_its_index_gets_intacts_line_not_a_downloads(tmp_
              "optimizer-00001-of-00002.safetensors", "optimizer-00002-of-00002.safetensors")
     d = _files(tmp_path / "checkpoint-4", "config.json", "trainer_state.json", *ranks)
     with pytest.raises(UserError) as e:
-        convert.find_weights(str(d))
+        model_files.find_weights(str(d))
     assert str(e.value) == (f"{d / 'checkpoint.index.json'} is missing; the checkpoint is incomplete: point --model "
                             f"to another checkpoint-N")
     with pytest.raises(UserError) as e:
@@ -103,14 +103,14 @@ def test_our_checkpoint_without_its_index_gets_intacts_line_not_a_downloads(tmp_
                             f"model_name_or_path to another of the run's checkpoints")
     (d / "model.safetensors.index.json").write_text(INDEX)  # a pipeline layout's: its pieces, not a model's shards
     with pytest.raises(UserError, match="checkpoint.index.json is missing; the checkpoint is incomplete"):
-        convert.find_weights(str(d))
+        model_files.find_weights(str(d))
     # one process's, written with an index (its header records its pieces), under a name of its own and our record
     d = _files(tmp_path / "saved", "optimizer.safetensors")
     (d / "args.json").write_text('{"arguments": {}, "run": {}}')
     save_file({"w": np.zeros(2, np.float32)}, str(d / "model.safetensors"),
               metadata={"pretrain_cli.pieces": '{"w": {"offsets": [0], "global_shape": [2]}}'})
     with pytest.raises(UserError, match=r"saved/checkpoint.index.json is missing; the checkpoint is incomplete"):
-        convert.find_weights(str(d))
+        model_files.find_weights(str(d))
     # PaddleNLP's Trainer's checkpoint (its optimizer in safetensors too) is no checkpoint of ours: its weights read
     d = _files(tmp_path / "checkpoint-8", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
                "optimizer-00001-of-00002.safetensors", "training_args.bin")

@@ -63,7 +63,7 @@ def test_the_runs_own_export_is_exported(tmp_path):
 
 def test_export_of_weights_under_other_names_alone_is_refused_before_it_writes(tmp_path):
     """A model directory holding only model_ema.safetensors (transformers raises OSError there) was exported as the
-    model; refused now (`convert.find_weights`), before out.tmp is made."""
+    model; refused now (`model_files.find_weights`), before out.tmp is made."""
     src = tmp_path / "E"
     convert.save_hf(build_model(CFG), CFG, str(src))
     (src / "model.safetensors").rename(src / "model_ema.safetensors")

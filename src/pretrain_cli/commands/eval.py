@@ -68,7 +68,7 @@ def _model_config(name: str, length: int, length_key: str, key: str = "--model")
     from pretrain_cli.config.presets import resolve_model_dir
     from pretrain_cli.models import config_checks
     from pretrain_cli.models.config import ModelConfig
-    from pretrain_cli.models.convert import has_weights
+    from pretrain_cli.models.model_files import has_weights
     from pretrain_cli.models.foreign_weights import refuse_unread
 
     model_dir = str(resolve_model_dir(name, key=key))

@@ -178,7 +178,7 @@ def main(ns: argparse.Namespace) -> int:
             raise UserError(f"{where}: the prompt encodes to no tokens; give some text")
         prompts.append((where if where == "--prompt" else f"the prompt at {where}", text, ids))
     from pretrain_cli.models import config_checks
-    from pretrain_cli.models.convert import has_weights
+    from pretrain_cli.models.model_files import has_weights
     from pretrain_cli.models.generation import context_window, generate
     from pretrain_cli.storage.checkpoint_dir import CheckpointDir
     from pretrain_cli.training.weight_source import load_for_inference

@@ -1,4 +1,4 @@
-"""Which files of a model directory are weights (`weight_files`: `convert.has_weights`, the refusal below, prepare's
+"""Which files of a model directory are weights (`weight_files`: `model_files.has_weights`, the refusal below, prepare's
 "weights not loaded" note, the guard of an output_dir no run wrote; `train-tokenizer`'s output_dir guard keeps its own
 list, model.safetensors and its index, as data/ may not import models/), and those in formats not read here
 (safetensors only): PyTorch's pickles, GGUF, TensorFlow's and Flax's, PaddleNLP's `.pdparams`. A directory
@@ -36,7 +36,7 @@ def weight_files(model_dir) -> tuple[list[str], list[str]]:
     if not os.path.isdir(d):
         return [], []
     names = sorted(n for n in os.listdir(d) if os.path.isfile(os.path.join(d, n)))
-    index = "model.safetensors.index.json"  # (convert.INDEX_FILE: convert imports this module)
+    index = "model.safetensors.index.json"  # (model_files.INDEX_FILE: model_files imports this module)
     names = [n for n in names if not any(fnmatch.fnmatch(n, p) for p in NOT_WEIGHTS + PEFT_ADAPTER)]
     read = [n for n in names if n.endswith(".safetensors") or n == index]
     unread = [n for n in names if any(fnmatch.fnmatch(n, p) for p in UNREAD_WEIGHTS)

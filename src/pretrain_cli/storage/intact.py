@@ -34,7 +34,7 @@ from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 from pretrain_cli.storage.shard_files import File, Problem, checksum
 
 CONFIG_FILE = "config.json"
-HF_INDEX = "model.safetensors.index.json"  # transformers' shard index (models.convert.INDEX_FILE)
+HF_INDEX = "model.safetensors.index.json"  # transformers' shard index (models.model_files.INDEX_FILE)
 
 
 def _json_object(path: Path, required: bool) -> Problem | None:

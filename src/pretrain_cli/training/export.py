@@ -18,7 +18,8 @@ from pathlib import Path
 
 from pretrain_cli import atomic, run_dir
 from pretrain_cli.data.tokenizer import TOKENIZER_FILES, export_files
-from pretrain_cli.models.convert import ROUTER_BIAS, hf_weight_names
+from pretrain_cli.models.convert import ROUTER_BIAS
+from pretrain_cli.models.model_files import hf_weight_names
 from pretrain_cli.run_config import RunConfig
 
 
@@ -64,7 +65,7 @@ def final_files(out) -> list[Path]:
     """The files of a final export in run directory `out` (`write_final`'s: the weights, single or transformers'
     shards and their index, and `FINAL_FILES`; not args.json, which every training run rewrites at its start,
     nor anything else the directory holds)."""
-    from pretrain_cli.models.convert import INDEX_FILE, SINGLE_FILE
+    from pretrain_cli.models.model_files import INDEX_FILE, SINGLE_FILE
 
     out = Path(out)
     shards = sorted(p for p in out.glob("model-*-of-*.safetensors") if re.fullmatch(r"model-\d+-of-\d+\.safetensors",
@@ -74,13 +75,13 @@ def final_files(out) -> list[Path]:
 
 def leftover_weights(out, written, earlier) -> list[str]:
     """Lines for the weights the final export into `out` found beside its own (`written`, and their index; `earlier`:
-    the files under transformers' names, `convert.HF_WEIGHTS`, that `out` held before it): those under
+    the files under transformers' names, `model_files.HF_WEIGHTS`, that `out` held before it): those under
     transformers' names are an earlier model's, which `convert.write_hf_dir` removed (loaders read them in place of
     this run's model, or beside it: use_safetensors=False the PyTorch files, our loader an old index's shards);
     one line names those that went. Weights under other names (consolidated.safetensors, model_ema.safetensors, a
     .gguf, a .pdparams: `foreign_weights.weight_files`) are no HF directory's model and not ours to remove; one
     line names them, as neither from_pretrained nor `eval --model` reads them there."""
-    from pretrain_cli.models.convert import INDEX_FILE
+    from pretrain_cli.models.model_files import INDEX_FILE
     from pretrain_cli.models.foreign_weights import weight_files
 
     out, lines = Path(out), []
@@ -158,10 +159,10 @@ def final_step(out) -> tuple[bool, int | None]:
 
 def final_model(out) -> tuple[bool, int | None, str | None]:
     """(whether run directory `out` holds a final model, the step it was exported at, why that step is unknown): a
-    final model is safetensors weights under transformers' names (`convert.HF_WEIGHTS`: what an export of ours
+    final model is safetensors weights under transformers' names (`model_files.HF_WEIGHTS`: what an export of ours
     writes), whole or what an export stopped part way left (`whole_final` tells), but for those args.json records
     as there before the run (`before_the_run`: a download the run has not replaced yet); weights under other names
-    are no model (`convert.find_weights` refuses them). Its step is the trainer state the export wrote after its
+    are no model (`model_files.find_weights` refuses them). Its step is the trainer state the export wrote after its
     weights, None where that is missing, unreadable or older than them (an export killed before it: what is there
     is a download's own, or an earlier export's; or a copy that kept no modification times: scp -r, rsync without
     -t), with that reason, for a line naming the model to say (`closing.stopped`). `eval`, `generate`
@@ -191,10 +192,10 @@ def final_model(out) -> tuple[bool, int | None, str | None]:
 
 def whole_final(out) -> bool:
     """Whether run directory `out` holds its final model whole (`final_step`): config.json, which the export writes
-    after the weights, and every file `convert.find_weights` reads the model from. What an export stopped part way
+    after the weights, and every file `model_files.find_weights` reads the model from. What an export stopped part way
     left is no model to evaluate, sample, export or continue from: those take the newest checkpoint."""
     from pretrain_cli.errors import UserError
-    from pretrain_cli.models.convert import find_weights
+    from pretrain_cli.models.model_files import find_weights
 
     if not final_step(out)[0] or not (Path(out) / "config.json").is_file():
         return False
@@ -308,7 +309,7 @@ def export_checkpoint(src: Path, out: Path, dtype: str,
         there = f": {src.parent} holds {', '.join(p.name for _, p in saved)}" if saved and not src.exists() else ""
         raise UserError(f"{src}: cannot export: {reason}; export another checkpoint-N (or the final directory){there}")
     if meta.index is None:  # a model directory: which files are its model is judged before out.tmp is made
-        from pretrain_cli.models.convert import find_weights
+        from pretrain_cli.models.model_files import find_weights
 
         find_weights(src)
     cfg = ModelConfig.from_file(str(src))

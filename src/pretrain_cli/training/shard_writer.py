@@ -110,7 +110,7 @@ def collect(tmp: Path, world: int, step: int) -> list[dict]:
 def publish(tmp: Path, final: Path, records: list[dict], layout: str, state: dict) -> Path:
     """Rank 0, once every record is in: the index (and transformers' own index where the weights are whole),
     trainer_state.json last, the records removed, one rename."""
-    from pretrain_cli.models.convert import INDEX_FILE
+    from pretrain_cli.models.model_files import INDEX_FILE
 
     index = checkpoint_index.build(records, len(records), layout)
     weight_map = checkpoint_index.hf_weight_map(index)

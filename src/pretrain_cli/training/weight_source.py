@@ -60,7 +60,7 @@ def open_reader(ckpt, kind: str, use: str):
     file to name in errors): the index's pieces where it has one, else its whole safetensors files. A damaged file's
     line ends as `shard_files.advice_for` says for `use`, what the command does with the directory (a model
     directory's is to be downloaded again; a checkpoint read for inference is not resumed from another)."""
-    from pretrain_cli.models.convert import find_weights
+    from pretrain_cli.models.model_files import find_weights
     from pretrain_cli.run_dir import OPTIMIZER_FILE
     from pretrain_cli.storage import checkpoint_index
     from pretrain_cli.storage.shard_files import Files, advice_for
@@ -94,7 +94,8 @@ class WeightSource:
         none (transformers drops them when it saves a DeepSeek-V3); without one, the directory must hold them.
         `use`: what the command does with the directory (`open_reader`: what a damaged file's line advises)."""
         from pretrain_cli.distributed.layout.pieces import split_name
-        from pretrain_cli.models.convert import is_mtp, name_map, quantization_block
+        from pretrain_cli.models.convert import is_mtp, name_map
+        from pretrain_cli.models.model_files import quantization_block
 
         meta = CheckpointDir.of(path)
         self.reader, self.where = open_reader(meta, "weights", use)
@@ -222,7 +223,7 @@ def load_for_inference(model_dir, cfg, seed: int, request=None, device: str | No
     (a preset). A directory with weights that cannot be read is an error, never a random init. `request` on
     `device`: the kernels (`orchestration.targets.inference_kernels`; None: `ops.kernels`' defaults)."""
     from pretrain_cli import runtime
-    from pretrain_cli.models.convert import find_weights, has_weights
+    from pretrain_cli.models.model_files import find_weights, has_weights
 
     paddle = runtime.import_paddle()
     from pretrain_cli.models import build_model
