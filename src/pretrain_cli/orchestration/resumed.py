@@ -282,7 +282,7 @@ def resume_progress(saved: CheckpointDir | None) -> tuple | None:
 
 
 def apply_resume(spec, saved: CheckpointDir | None) -> tuple[Arguments, RunConfig]:
-    """(arguments, run) of `spec` (`prepare.RunSpec`) as it resumes from `saved` (None: as it starts): what it keeps
+    """(arguments, run) of `spec` (`run_spec.RunSpec`) as it resumes from `saved` (None: as it starts): what it keeps
     from the checkpoint
     (the keys it sets recorded in the arguments), then the notes on its evaluation windows, which those decisions
     can change."""

@@ -88,7 +88,7 @@ class CheckpointDir:
     def trained_length(self) -> int | None:
         """The longest max_seq_length the weights in this directory were trained at, over the runs that led to them
         (args.json's `trained_length`, which each run carries forward from the checkpoint it resumed or continued
-        from: `orchestration.prepare.RunSpec.trained_length`), None without an args.json holding `arguments` (no
+        from: `orchestration.run_spec.RunSpec.trained_length`), None without an args.json holding `arguments` (no
         run of ours wrote the directory) or a length in it. A run continued past config.json's
         max_position_embeddings keeps that number there (`models.config.past_positions`), so the positions its
         weights were trained on are recorded here alone. An args.json from before the key: its run's max_seq_length

@@ -1,6 +1,6 @@
 """`train` after `orchestration.prepare`: the build order, then the loop, then the final output directory.
 
-`run()` reads as the order things are built in. It alone opens the prepared run (`orchestration.prepare.RunSpec`);
+`run()` reads as the order things are built in. It alone opens the prepared run (`orchestration.run_spec.RunSpec`);
 each step is a function handed the parts it uses (the resolved `RunConfig`, the model config, the run's
 record for args.json), never the user's arguments.
 """
