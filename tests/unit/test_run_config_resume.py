@@ -103,7 +103,7 @@ def test_mismatch_names_what_differs_and_check_compatible_refuses_with_it(tmp_pa
     import shutil
 
     from pretrain_cli.config.presets import resolve_model_dir
-    from pretrain_cli.training.checkpoint import check_compatible, mismatch
+    from pretrain_cli.training.resume_checks import check_compatible, mismatch
 
     cfg = model_config()
     ckpt = tmp_path / "checkpoint-5"

@@ -12,7 +12,7 @@ from tokenizer_forms import edited as _edited, gpt2_style as _gpt2_style, spaced
 from pretrain_cli.config.parser import parse_config
 from pretrain_cli.data.tokenizer import export_files, load_tokenizer
 from pretrain_cli.errors import UserError
-from pretrain_cli.training.checkpoint import check_tokenizer
+from pretrain_cli.training.resume_checks import check_tokenizer
 from pretrain_cli.training.tokenizer_lineage import continued_tokenizer, same_ids
 
 

@@ -175,7 +175,7 @@ def main(ns: argparse.Namespace) -> int:
         from pretrain_cli.storage.checkpoint_dir import CheckpointDir
         from pretrain_cli.training.run_end import nothing_to_train
 
-        from pretrain_cli.training.checkpoint import data_changes
+        from pretrain_cli.training.resume_checks import data_changes
 
         step = CheckpointDir(spec.resume).state["global_step"]
         if step >= spec.run.loop.max_steps:

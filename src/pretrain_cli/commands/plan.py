@@ -128,11 +128,11 @@ def _another_run(args, ckpt) -> str | None:
     """The line naming checkpoint `ckpt` and what makes it one `train` would refuse to resume the fitted run from,
     or None: PaddleNLP's Trainer wrote it (`storage.intact.paddlenlp_checkpoint`'s own line, the one `train` refuses
     it with, its advice naming `ckpt`), or it is another model's or another sequence length's
-    (`training.checkpoint.mismatch`). None too when its config.json cannot be read, which `train` names as it
+    (`training.resume_checks.mismatch`). None too when its config.json cannot be read, which `train` names as it
     resumes."""
     from pretrain_cli.orchestration.opened import build_model_config
     from pretrain_cli.storage.intact import paddlenlp_checkpoint
-    from pretrain_cli.training.checkpoint import mismatch
+    from pretrain_cli.training.resume_checks import mismatch
 
     if foreign := paddlenlp_checkpoint(ckpt):
         return foreign

@@ -128,7 +128,7 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
                 f"builds the model from config.json alone, at a random init; {load}")
         spec.run = run = replace(run, notes=(*run.notes, note))
     if saved is not None:  # what `train` refuses before it loads a weight, `check` reports too
-        from pretrain_cli.training.checkpoint import check_compatible, check_tokenizer
+        from pretrain_cli.training.resume_checks import check_compatible, check_tokenizer
 
         problems.run(check_compatible, saved, model_cfg, run.data.max_seq_length, bool(run.output.resume_from))
         problems.run(check_tokenizer, saved, spec.tokenizer, spec.prefixes(), args)

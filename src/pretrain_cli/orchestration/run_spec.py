@@ -52,7 +52,7 @@ class RunSpec:
         chosen here were found altered while reading them. The resume's checks (the model's shape and sequence length,
         the tokenizer) and decisions (batch, eval windows, schedule, optimizer settings, router bias) are made again
         for the checkpoint it now resumes from, as `prepare` made them for the first."""
-        from pretrain_cli.training.checkpoint import check_compatible, check_tokenizer
+        from pretrain_cli.training.resume_checks import check_compatible, check_tokenizer
 
         saved = CheckpointDir(path) if path is not None else None
         if saved is not None:

@@ -15,7 +15,7 @@ from pretrain_cli.distributed.launcher import watchdog
 from pretrain_cli.distributed.comms.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, follow_micro_batching, init_process_group
 from pretrain_cli.errors import UserError, is_out_of_memory
-from pretrain_cli.training import checkpoint, closing, metrics, rank_exit, run_lock, same_run, startup
+from pretrain_cli.training import checkpoint, closing, metrics, rank_exit, resume_checks, run_lock, same_run, startup
 from pretrain_cli.training.run_end import FINAL_KINDS, exported, finish, nothing_to_train
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.optim import build_optimizer
@@ -147,7 +147,7 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
     if state is not None:
         log.info(f"resumed from {resume} at step {trainer.state.global_step}, "
                  f"{count(trainer.state.consumed_samples, 'sample')} consumed")
-        for line in checkpoint.data_changes(resume, r):
+        for line in resume_checks.data_changes(resume, r):
             log.warning(line)
     if finishing:
         log.info(f"{nothing_to_train(done, r.loop.max_steps)}; evaluating and writing the final model of step {done}")
@@ -296,7 +296,7 @@ def resume_state(run: RunConfig, model_cfg, resume: CheckpointDir | None) -> dic
     are read by `lay_out`, each rank only its blocks."""
     if resume is None:
         return None
-    checkpoint.check_compatible(resume, model_cfg, run.data.max_seq_length, bool(run.output.resume_from))
+    resume_checks.check_compatible(resume, model_cfg, run.data.max_seq_length, bool(run.output.resume_from))
     return resume.state
 
 

@@ -1,4 +1,4 @@
-"""Whether weights trained with one tokenizer meet another: the resume's refusal (`checkpoint.check_tokenizer`) and
+"""Whether weights trained with one tokenizer meet another: the resume's refusal (`resume_checks.check_tokenizer`) and
 the note of a continue_training run whose model directory carries another tokenizer than the run's; and what a run's
 args.json records of its tokenizer (`trained_with`), which a model directory without tokenizer files is judged by
 (`recorded_problem`: a resume's refusal, eval's, continue_training's note).
