@@ -159,10 +159,10 @@ def test_a_mistyped_local_model_directory_names_the_nearest_one(tmp_path, monkey
 def test_the_command_checks_its_flags_once_per_plan_and_per_fit(write_args, monkeypatch, capsys):
     """`plan` and `plan --fit` check --device/--gpus/--mfu/--margin once, not again per suggestion or candidate
     (`orchestration.planned.plan` trusts them)."""
-    from pretrain_cli.orchestration import planned
+    from pretrain_cli.orchestration import plan_options
 
-    calls, real = [], planned.check_flags
-    monkeypatch.setattr(planned, "check_flags", lambda *a, **k: calls.append(a) or real(*a, **k))
+    calls, real = [], plan_options.check_flags
+    monkeypatch.setattr(plan_options, "check_flags", lambda *a, **k: calls.append(a) or real(*a, **k))
     cfg = write_args(per_device_train_batch_size=64)  # does not fit a T4: suggestions re-plan several layouts
     assert cli_main(["plan", cfg, "--device", "T4"]) == 0
     assert "suggestions" in capsys.readouterr().out.lower() and len(calls) == 1

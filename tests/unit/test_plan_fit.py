@@ -309,11 +309,11 @@ def test_the_file_is_read_once_and_candidates_are_resolved_from_the_parsed_argum
 
 def test_plan_flags_are_checked_once_per_command(monkeypatch):
     """`plan` and `plan --fit` check their own flags where they come in, once, not again per candidate."""
-    from pretrain_cli.orchestration import planned
+    from pretrain_cli.orchestration import plan_options
 
     calls = []
-    check = planned.check_flags
-    monkeypatch.setattr(planned, "check_flags", lambda *a, **kw: calls.append(a) or check(*a, **kw))
+    check = plan_options.check_flags
+    monkeypatch.setattr(plan_options, "check_flags", lambda *a, **kw: calls.append(a) or check(*a, **kw))
     assert cli_main(["plan", str(QWEN), *AT_4096, "--device", "V100-16GB", "--gpus", "8", "--fit", "--json"]) == 0
     assert len(calls) == 1
     assert cli_main(["plan", str(QWEN), *AT_4096, "--device", "V100-16GB", "--json"]) == 0
@@ -323,7 +323,7 @@ def test_plan_flags_are_checked_once_per_command(monkeypatch):
 def test_groups_inside_a_node_use_the_in_node_link_and_groups_across_nodes_the_cross_node_link():
     """The same 16-rank data-parallel layout: on nodes of 16 its gradient all-reduce runs on NVLink, on nodes of 8 it
     crosses nodes at `--cross_node_gbps`; the links are the device's (NVLink halved, else PCIe one way)."""
-    from pretrain_cli.orchestration import planned
+    from pretrain_cli.orchestration import plan_options, planned
     from pretrain_cli.planning import hardware
 
     args, cfg = planned.parse(str(QWEN), ["--sharding", "stage1"])
@@ -336,9 +336,9 @@ def test_groups_inside_a_node_use_the_in_node_link_and_groups_across_nodes_the_c
     assert hardware.links(hardware.lookup("H100-PCIe")).in_node_gbps == 63.0  # PCIe 5.0 x16, one way
     assert hardware.links(hardware.lookup("A100-80GB")).in_node_gbps == 300.0
     with pytest.raises(UserError, match="--gpus_per_node"):
-        planned.check_flags("H100", 16, None, None, node=hardware.Node(0))
+        plan_options.check_flags("H100", 16, None, None, node=hardware.Node(0))
     with pytest.raises(UserError, match="--cross_node_gbps"):
-        planned.check_flags("H100", 16, None, None, node=hardware.Node(8, 0.0))
+        plan_options.check_flags("H100", 16, None, None, node=hardware.Node(8, 0.0))
 
 
 def test_plan_and_fit_print_both_links(capsys):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from typing import TYPE_CHECKING
 
 from pretrain_cli.config import resolve as resolve_rules
@@ -22,12 +21,12 @@ from pretrain_cli.config.parser import Arguments
 from pretrain_cli.run_config import Target
 from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.errors import UserError
+from pretrain_cli.orchestration import plan_options
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
 from pretrain_cli.planning.fit_precision import pick_precision
 from pretrain_cli.planning.fit_report import json_value
 from pretrain_cli.planning.eta import at_measured_mfu
-from pretrain_cli.planning.layout import tp_inside_node
 from pretrain_cli.planning.machines import fewer_a_machine
 from pretrain_cli.planning.plan import MFU_HALF, Device, device_note, report, target_device
 from pretrain_cli.planning.speed import fp32_on_gpu_note
@@ -56,58 +55,6 @@ def with_changes(args: Arguments, change: dict, where: str = "command line") -> 
     return out
 
 
-def check_flags(device: str, gpus: int | None, mfu: float | None, peak_tflops: float | None, margin: float = 0.0,
-                node: hardware.Node = hardware.Node(), measured_mfu: float | None = None) -> None:
-    """`plan`'s own options, checked before the file is read (`gpus` None: the file's, checked once it is read:
-    `file_gpus`, which also checks a given one against the nodes and the file's layout)."""
-    if node.gpus < 1:
-        raise UserError(f"--gpus_per_node: must be >= 1 (GPUs in one node), got {node.gpus}")
-    if node.cross_node_gbps is not None and not 0 < node.cross_node_gbps < float("inf"):
-        raise UserError(f"--cross_node_gbps: must be a number > 0 (GB/s per GPU between nodes), "
-                        f"got {node.cross_node_gbps}")
-    if not 0 <= margin < 1:
-        raise UserError(f"--margin: must be in [0, 1) (a fraction of device memory), got {margin}")
-    if gpus is not None and gpus < 1:
-        raise UserError(f"--gpus: must be >= 1, got {gpus}")
-    if mfu is not None and not 0 < mfu <= 1:
-        raise UserError(f"--mfu: must be in (0, 1], got {mfu}")
-    if measured_mfu is not None and not 0 < measured_mfu <= 1:
-        raise UserError(f"--measured_mfu: must be in (0, 1] (the mfu `train` logged), got {measured_mfu}")
-    if measured_mfu is not None and mfu is not None:
-        raise UserError("--measured_mfu and --mfu: give one (--measured_mfu is train's logged mfu, which alone gives "
-                        "the ETA; --mfu the kernels' share of peak the speed model adds traffic to)")
-    if peak_tflops is not None and not (0 < peak_tflops < float("inf")):
-        raise UserError(f"--peak_tflops: must be a number > 0 (dense TFLOPS per device), got {peak_tflops}")
-    target_device(device)
-
-
-def check_gpus(gpus: int, node: hardware.Node, why: str = "", need: tuple[int, str, int] = (1, "", 1)) -> None:
-    """`--gpus` (or, `why` saying so, the file's number of processes) against the nodes: the launcher starts as
-    many processes on every node. `need`: (the fewest processes the file's layout runs on, which divides every world
-    it runs on, the degrees that make it, its tensor-parallel degree): the counts and node sizes the error offers
-    are ones the layout runs on, with its tensor-parallel groups inside a node (`layout.tp_inside_node`)."""
-    if gpus < 1:
-        raise UserError(f"--gpus: must be >= 1, got {gpus}")
-    if gpus > node.gpus and gpus % node.gpus:
-        unit, (least, degrees, tp) = math.lcm(node.gpus, need[0]), need
-        fits = sorted(n for n in {gpus // unit * unit, -(-gpus // unit) * unit} - {0}
-                      if tp_inside_node(tp, n, node.gpus))
-        pers = [n for n in range(node.gpus - 1, 0, -1) if gpus % n == 0 and gpus % least == 0
-                and tp_inside_node(tp, gpus, n)]
-        layout = f": whole nodes of {node.gpus} that the {least} processes the file's layout needs ({degrees}) " \
-                 f"divide" if least > 1 else ""
-        per = f", or --gpus_per_node {pers[0]}" + (f" (whole tensor-parallel groups of {tp} in each node)"
-                                                   if tp > 1 else "") if pers else ""
-        head = (f"--gpus_per_node: --gpus {gpus}{why} is not a whole number of nodes of {node.gpus} (every node "
-                f"runs the same number of processes)")
-        if not fits:  # tp wider than a node and not a multiple of it: no count keeps its groups inside nodes
-            how = per[2:].replace("or --gpus_per_node", "use --gpus_per_node") if per else \
-                f"set tensor_parallel_degree to a divisor of {node.gpus}"
-            raise UserError(f"{head}; no count of whole nodes of {node.gpus} keeps the file's tensor-parallel groups "
-                            f"of {tp} inside a node: {how}")
-        raise UserError(f"{head}; use --gpus {' or '.join(map(str, fits))}{layout}{per}")
-
-
 def rank_groups(par: ParallelConfig) -> dict[str, list[tuple[int, ...]]]:
     """{"tp" | "pp" | "cp" | "data" | "ep" | …: every group of ranks of that kind} for `plan`'s layout lines and the
     speed model's links: the run's own rank layout's (`distributed.layout.topology.Topology.all_groups`, which
@@ -128,10 +75,11 @@ def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | No
          node: hardware.Node = hardware.Node(), candidate: bool = False, layout: bool = True,
          measured_mfu: float | None = None, progress=None) -> Plan:
     """The plan (`Plan.to_json` is what `plan --json` prints), with suggestions (each re-resolved) when the run
-    does not fit. The command's flags were checked where they came in (`check_flags`): not again per candidate.
-    `candidate`: a layout the search tries (`Target.candidate`); `layout`: with the groups of ranks (`Plan.layout`,
-    which the speed model's links read; the memory does not); `measured_mfu`: the ETA at it (`eta.at_measured_mfu`),
-    before the notes that quote it; `progress`: the search's (`fit.search`), where no one key fits."""
+    does not fit. The command's flags were checked where they came in (`plan_options.check_flags`): not again per
+    candidate. `candidate`: a layout the search tries (`Target.candidate`); `layout`: with the groups of ranks
+    (`Plan.layout`, which the speed model's links read; the memory does not); `measured_mfu`: the ETA at it
+    (`eta.at_measured_mfu`), before the notes that quote it; `progress`: the search's (`fit.search`), where no one
+    key fits."""
     dev = target_device(device, node, gpus)
     run = _resolved(args, model_cfg, dev, gpus, candidate)
     out = report(run, model_cfg, dev, mfu, baseline_bytes, args.config_path, peak_tflops,
@@ -333,36 +281,17 @@ def parse(config: str | None, overrides: list[str] | None) -> tuple[Arguments, M
     return args, build_model_config(args)[1]
 
 
-def file_gpus(args: Arguments, gpus: int | None, node: hardware.Node) -> tuple[int, list[str]]:
-    """(`--gpus` as given, else the fewest processes the file's parallel keys run on, `config.one_process`'s
-    `fewest_processes`; the note saying so): `plan <file>` plans the layout the file was written for, where it
-    planned one device, on which every parallel key has no effect. Either is checked against the nodes once the
-    file's layout is known (`check_gpus`), so the counts offered are ones it runs on."""
-    from pretrain_cli.config.one_process import fewest_processes
-
-    need, why = fewest_processes(args)
-    layout = (need, why, degree(args.get("tensor_parallel_degree")))
-    if gpus is not None:
-        check_gpus(gpus, node, need=layout)
-        return gpus, []
-    if need == 1:
-        return 1, []
-    check_gpus(need, node, f" (not given: the {need} processes the file's layout needs, {why})", layout)
-    return need, [f"gpus: --gpus not given: planned on the {need} processes the file's layout needs ({why}); "
-                  f"--gpus N plans it on N"]
-
-
 def from_file(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE,
               gpus: int | None = 1, mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
               peak_tflops: float | None = None, node: hardware.Node = hardware.Node(),
               measured_mfu: float | None = None, progress=None) -> Plan:
     """`plan`'s report of an argument file (`--json` prints its `to_json()`), with suggestions when the run does
-    not fit: the command's flags checked once, the file parsed once. `gpus` None: the file's (`file_gpus`).
-    `measured_mfu`: the mfu `train` logged for this layout, which then gives the ETA (`eta.at_measured_mfu`);
-    `progress`: the search's where no one key fits (`fit.search`)."""
-    check_flags(device, gpus, mfu, peak_tflops, node=node, measured_mfu=measured_mfu)
+    not fit: the command's flags checked once, the file parsed once. `gpus` None: the file's
+    (`plan_options.file_gpus`). `measured_mfu`: the mfu `train` logged for this layout, which then gives the ETA
+    (`eta.at_measured_mfu`); `progress`: the search's where no one key fits (`fit.search`)."""
+    plan_options.check_flags(device, gpus, mfu, peak_tflops, node=node, measured_mfu=measured_mfu)
     args, model_cfg = parse(config, overrides)
-    gpus, said = file_gpus(args, gpus, node)
+    gpus, said = plan_options.file_gpus(args, gpus, node)
     out = plan(args, model_cfg, device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops, node,
                measured_mfu=measured_mfu, progress=progress)
     return dataclasses.replace(out, notes=(*said, *out.notes)) if said else out
@@ -373,10 +302,10 @@ def fit_file(config: str | None, overrides: list[str] | None = None, device: str
              peak_tflops: float | None = None, budget_gib: float | None = None, baseline_bytes: float = 0.0,
              node: hardware.Node = hardware.Node(), progress=None) -> tuple[Arguments, dict]:
     """(the parsed arguments, `plan --fit`'s result for an argument file): the flags checked once, the file
-    parsed once. `gpus` None: the file's (`file_gpus`). `progress`: each search's (`fit.search`)."""
-    check_flags(device, gpus, mfu, peak_tflops, margin, node)
+    parsed once. `gpus` None: the file's (`plan_options.file_gpus`). `progress`: each search's (`fit.search`)."""
+    plan_options.check_flags(device, gpus, mfu, peak_tflops, margin, node)
     args, model_cfg = parse(config, overrides)
-    gpus, said = file_gpus(args, gpus, node)
+    gpus, said = plan_options.file_gpus(args, gpus, node)
     f = fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes, node,
             progress=progress)
     return args, {**f, "notes": [*said, *f["notes"]]} if said else f
