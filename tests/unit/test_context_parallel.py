@@ -235,7 +235,7 @@ def test_fit_recommends_context_parallelism_for_llama_8b_at_128k_over_tp_with_se
 
 
 def test_short_sequences_are_not_offered_context_parallelism():
-    from pretrain_cli.planning.fit import CONTEXT_MIN_SEQ, candidates
+    from pretrain_cli.planning.fit_candidates import CONTEXT_MIN_SEQ, candidates
 
     current = {"use_flash_attention": True, "sharding": "", "tensor_parallel_degree": 1,
                "pipeline_parallel_degree": 1, "context_parallel_degree": 1}
@@ -246,7 +246,7 @@ def test_short_sequences_are_not_offered_context_parallelism():
 def test_fit_tries_cp_with_tp_and_pp_for_a_dense_model_and_only_with_pp_for_moe():
     """`config.refusals` runs a dense model's cp with tp and a pipeline, a Mixture-of-Experts model's cp with a
     pipeline but not tp: the search proposes those products (it tried cp alone for a dense model before)."""
-    from pretrain_cli.planning.fit import CONTEXT_MIN_SEQ, candidates
+    from pretrain_cli.planning.fit_candidates import CONTEXT_MIN_SEQ, candidates
 
     current = {"use_flash_attention": True, "sharding": "", "tensor_parallel_degree": 1,
                "pipeline_parallel_degree": 1, "context_parallel_degree": 1}

@@ -120,12 +120,12 @@ def test_plan_models_each_stage_and_the_bubble(tmp_path):
 
 
 def test_fit_tries_pipeline_degrees_and_charges_the_bubble(tmp_path):
-    from pretrain_cli.planning import fit
+    from pretrain_cli.planning import fit, fit_candidates
 
     cur = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 16, "recompute": False,
            "recompute_granularity": "full", "use_flash_attention": True, "sharding": "", "tensor_parallel_degree": 1,
            "pipeline_parallel_degree": 1}
-    pp = [c for c in fit.candidates(cur, 64, 8) if c.get("pipeline_parallel_degree", 1) > 1]
+    pp = [c for c in fit_candidates.candidates(cur, 64, 8) if c.get("pipeline_parallel_degree", 1) > 1]
     assert {c["pipeline_parallel_degree"] for c in pp} == {2, 4, 8}
     # TP x PP and ZeRO-2/3 with a pipeline are proposed: which of them run is config.resolve's rule, applied when
     # each candidate is re-resolved (never re-derived by the search)

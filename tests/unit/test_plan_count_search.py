@@ -12,7 +12,7 @@ import pytest
 
 from pretrain_cli.orchestration import planned
 from pretrain_cli.planning import hardware, suggestions
-from pretrain_cli.planning.fit import lean_layouts
+from pretrain_cli.planning.fit_candidates import lean_layouts
 from pretrain_cli.planning.hardware import Node
 from plan_helpers import fit
 
@@ -91,8 +91,8 @@ def test_first_count_bisects_between_the_second_and_the_most():
     ("qwen3-moe-tiny_cpu.json", ["--model_name_or_path", "Qwen/Qwen3-30B-A3B", "--max_seq_length", "512"], "T4", 2),
     ("llama-3.2-1b_pretrain.json", ["--max_seq_length", "1024"], "cpu", 2)])
 def test_the_least_need_does_not_grow_over_whole_node_counts(config, args, device, per, monkeypatch):
-    """What `first_count`'s bisection assumes: of the layouts the count search offers (`fit.lean_layouts`, the file
-    as written, each sharding stage), the least a process needs on 2n devices is no more than on n (a layout of
+    """What `first_count`'s bisection assumes: of the layouts the count search offers (`fit_candidates.lean_layouts`,
+    the file as written, each sharding stage), the least a process needs on 2n devices is no more than on n (a layout of
     one data rank gains DataParallel's buffers on two, its ZeRO-1 variant there needs less)."""
     monkeypatch.setattr(hardware, "cpu_memory_gib", lambda: 64.0)
     args_, cfg = planned.parse(str(LLAMA3_8B.parent / config), args)

@@ -8,6 +8,7 @@ from pretrain_cli.cli import main as cli_main
 from plan_helpers import fit, plan
 from pretrain_cli.errors import UserError
 from pretrain_cli.planning import fit as fit_search
+from pretrain_cli.planning import fit_candidates
 from pretrain_cli.planning import hardware
 
 QWEN = Path(__file__).resolve().parents[1] / "e2e" / "paddlenlp_configs" / "qwen_pretrain_argument_0p5b.json"
@@ -49,7 +50,7 @@ def test_no_fitting_candidate_is_faster_than_the_chosen_one():
                "tensor_parallel_degree": 1}
     best = f["after"]["speed"]["step_seconds"]
     faster_fitting = []
-    for change in fit_search.candidates(current, 8, 8):
+    for change in fit_candidates.candidates(current, 8, 8):
         try:
             r = _plan(AT_4096 + _tokens(change), "V100-16GB", 8)
         except UserError:
@@ -141,7 +142,7 @@ def test_a_fitted_file_resumes_the_source_runs_checkpoint_and_considers_sequence
     assert fitted["output_dir"] == f"{tmp_path / 'run'}-fitted"
     assert fitted["resume_from_checkpoint"] == str(tmp_path / "run" / "checkpoint-3")
     assert f"resuming from {tmp_path / 'run' / 'checkpoint-3'}" in capsys.readouterr().out
-    from pretrain_cli.planning.fit import candidates
+    from pretrain_cli.planning.fit_candidates import candidates
 
     current = {"use_flash_attention": True, "sharding": "", "tensor_parallel_degree": 1, "sequence_parallel": False}
     tried = candidates(current, 16, 8)

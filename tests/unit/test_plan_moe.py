@@ -183,7 +183,7 @@ def test_fit_tries_moe_under_context_parallelism_with_a_pipeline_zero2_and_ep():
     layouts without cp fit too, slower, pp 2 x ep 8 the fastest of them (62.23 GiB with ZeRO-1; docs/PLAN.md's CP
     row). At 32K on 8 H100 nothing fits: cp splits no parameter, so the least a cp layout needs is cp 2 x pp 4's
     87.27 GiB, and without cp tp 4 x pp 2's 74.22 GiB."""
-    from pretrain_cli.planning.fit import _splits
+    from pretrain_cli.planning.fit_candidates import _splits
 
     current = {"sharding": "stage1", "tensor_parallel_degree": 1}
     keys = [k for _, k in _splits(current, 8, 32768, experts=128)]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from plan_helpers import fit, plan
 from pretrain_cli.cli import main as cli_main
-from pretrain_cli.planning.fit import candidates, lean_layouts
+from pretrain_cli.planning.fit_candidates import candidates, lean_layouts
 from pretrain_cli.planning.layout import tp_inside_node
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -101,14 +101,14 @@ def test_deepseek_v3_at_8k_is_suggested_tp_8_on_more_nodes_not_tp_16_across_two(
 def test_plans_fewest_devices_search_tries_the_lean_layouts_of_its_nodes(monkeypatch):
     """`plan`'s fewest-devices suggestion asked `lean_layouts` without the node size (`--fit` passed it), so it
     planned tp groups across nodes only to count them as not fitting: now both pass `--gpus_per_node`."""
-    from pretrain_cli.planning import fit as fit_search
+    from pretrain_cli.planning import fit_candidates
 
-    seen, lean = [], fit_search.lean_layouts
+    seen, lean = [], fit_candidates.lean_layouts
 
     def lean_by_node(current, gpus, seq_len, experts=0, per_node=0):
         seen.append(per_node)
         return lean(current, gpus, seq_len, experts, per_node)
 
-    monkeypatch.setattr(fit_search, "lean_layouts", lean_by_node)
+    monkeypatch.setattr(fit_candidates, "lean_layouts", lean_by_node)
     first = plan(DSV3, device="H100", gpus=8)["suggestions"][0]
     assert first["gpus"] == 192 and seen and set(seen) == {8}

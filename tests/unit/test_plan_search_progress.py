@@ -11,6 +11,7 @@ from pretrain_cli.cli import main as cli_main
 from pretrain_cli.commands import plan as plan_cmd
 from pretrain_cli.orchestration import planned
 from pretrain_cli.planning import fit as fit_search
+from pretrain_cli.planning import fit_candidates
 from pretrain_cli.planning.plan import TOO_SMALL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,8 +97,8 @@ def test_the_state_floor_bounds_every_candidate_of_its_split(path, overrides, de
     replan = planned._replanner(args, cfg, device, gpus, None, 0.0, None)
     current = planned._current(args)
     floors, leasts = defaultdict(float), defaultdict(lambda: float("inf"))
-    for change in fit_search.candidates(current, base.global_batch, gpus, base.max_seq_length, base.model.experts,
-                                        base.device.links.gpus_per_node):
+    for change in fit_candidates.candidates(current, base.global_batch, gpus, base.max_seq_length, base.model.experts,
+                                            base.device.links.gpus_per_node):
         r = replan(change, layout=False)
         if r is None:
             continue

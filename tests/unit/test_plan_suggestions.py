@@ -80,7 +80,7 @@ def test_how_many_gpus_deepseek_v3_needs_whole_nodes_and_a_layout():
     assert _within_fit_budget(plan(DSV3, over + _tokens(first["change"]), device="H100", gpus=192,
                                    suggest_changes=False))
     from pretrain_cli.orchestration import planned
-    from pretrain_cli.planning.fit import lean_layouts
+    from pretrain_cli.planning.fit_candidates import lean_layouts
     from pretrain_cli.planning.suggestions import within_budget
 
     args, cfg = planned.parse(DSV3, over)

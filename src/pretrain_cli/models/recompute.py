@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-GRANULARITIES = ("full", "full_attn", "core_attn")  # most to least recomputed (planning.fit relies on the order)
+GRANULARITIES = ("full", "full_attn", "core_attn")  # most to least recomputed (planning.fit_candidates reverses it)
 
 
 def _wrap(layer, use_reentrant: bool) -> None:

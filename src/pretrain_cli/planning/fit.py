@@ -3,8 +3,8 @@ fit (`search` skips a larger micro-batch of a layout already over the budget: `g
 
 A candidate is a set of argument-file key changes (micro-batch with the accumulation that keeps the global
 batch, recompute granularity, flash attention, sharding stage, tensor-parallel (with and without sequence
-parallelism), pipeline or context-parallel degree). This module only
-proposes and ranks them: the caller (`orchestration.planned`) re-resolves the parsed arguments with each one
+parallelism), pipeline or context-parallel degree), proposed by `planning.fit_candidates`. This module
+ranks them: the caller (`orchestration.planned`) re-resolves the parsed arguments with each one
 (`replan(change) -> Plan | None`, None when `config.resolve` refuses the layout), so every candidate is a
 layout `train` runs and its memory is the memory model's, never a rule re-derived here. No Paddle, no config
 import.
@@ -12,7 +12,7 @@ import.
 Ranked by `planning.speed.speed` (docs/PLAN.md): each pipeline stage's compute and TP, PP, ZeRO-3, CP and EP
 traffic from its own layers, each over the in-node or the cross-node link its group uses, the step set by the
 slowest stage with the pipeline's fill and drain, plus the DP/ZeRO gradients (context-parallel candidates from
-CONTEXT_MIN_SEQ tokens on). Flash and math
+`fit_candidates.CONTEXT_MIN_SEQ` tokens on). Flash and math
 attention count the same FLOPs; among equally fast candidates the one running flash wins (it is the faster
 kernel where it runs), then the one with fewer changes, then the larger micro-batch, then the one with less memory
 (`rank`). `plan`'s suggestion, when no one key fits, is the same search's fastest of the fewest changed keys.
@@ -20,12 +20,9 @@ kernel where it runs), then the one with fewer changes, then the larger micro-ba
 from __future__ import annotations
 
 import dataclasses
-import itertools
-
-from pretrain_cli.models.recompute import GRANULARITIES as RECOMPUTE
 
 from pretrain_cli.planning.fit_report import eval_reasons
-from pretrain_cli.planning.layout import tp_inside_node
+from pretrain_cli.planning import fit_candidates
 from pretrain_cli.planning.machines import fewer_a_machine
 from pretrain_cli.planning.suggestions import FIT_MARGIN, MAX_DEVICES, machine_too_small, more_devices
 from pretrain_cli.planning.plan import TOO_SMALL
@@ -33,89 +30,8 @@ from pretrain_cli.planning.report import Plan
 from pretrain_cli.planning.speed import speed, traffic_bound
 
 DEFAULT_MARGIN = FIT_MARGIN  # of device memory kept free: allocator fragmentation and what the model misses
-SEARCHED_RECOMPUTE = (None, *reversed(RECOMPUTE))  # off, then least to most recomputed
-# shorter sequences' activations fit a device next to any layout's weights; below it CP only adds traffic
-CONTEXT_MIN_SEQ = 8192
 MICRO_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 STEP_KEYS = ("recompute", "recompute_granularity", "use_flash_attention")  # with MICRO_KEYS: not the split's
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _splits(current: dict, gpus: int, seq_len: int = 0, experts: int = 0, per_node: int = 0):
-    """Each (data ranks, layout keys) of `gpus` devices: tensor-parallel × pipeline degrees whose product divides
-    `gpus`, context-parallel degrees from `seq_len` >= CONTEXT_MIN_SEQ on (for a dense model with each tensor-parallel
-    × pipeline product the rest divides; for a Mixture-of-Experts one, `experts` > 0, with each pipeline degree only:
-    MoE under cp runs with dp, ZeRO-1/2, a pipeline and EP, not tp, `config.refusals`; docs/DISTRIBUTED.md), each
-    sharding stage where there are data (or cp) ranks to shard over (with
-    cp ""/stage1/stage2: ZeRO-3 is refused with it, and stage2 was left out as if it were too), with
-    and without sequence parallelism under tp, every expert-parallel degree dividing both the `experts` and the data
-    ranks. A sharding stage also comes with `sharding_parallel_degree` -1 (every data rank) when the file fixes a
-    degree, which other layouts' data ranks need not divide (and which the layouts the semi-auto engine runs do not
-    take: it shards over every data rank). `per_node` (nodes of that many devices; 0: no nodes): only the
-    tensor-parallel degrees whose groups stay inside a node (`layout.tp_inside_node`)."""
-    splits = [(tp, pp, 1) for tp in _divisors(gpus) for pp in _divisors(gpus // tp)]
-    if seq_len >= CONTEXT_MIN_SEQ:
-        splits += [(tp, pp, cp) for cp in _divisors(gpus) if cp > 1
-                   for tp in ([1] if experts else _divisors(gpus // cp)) for pp in _divisors(gpus // cp // tp)]
-    splits = [x for x in splits if not per_node or tp_inside_node(x[0], gpus, per_node)]
-    fixed = current.get("sharding_parallel_degree", -1) not in (-1, 0)
-    for tp, pp, cp in splits:
-        data_ranks = gpus // (tp * pp * cp)
-        stages = ["", "stage1", "stage2", "stage3"] if data_ranks > 1 else [current["sharding"]]
-        stages = ["", "stage1", "stage2"] if cp > 1 else stages  # over cp x sharding (`config.refusals`: not 3)
-        sps = [False, True] if tp > 1 and gpus > 1 else [current.get("sequence_parallel", False)]
-        eps = [e for e in _divisors(data_ranks) if experts % e == 0] if experts and gpus > 1 else \
-            [current.get("expert_parallel_degree", 1)]
-        for stage, sp, ep in itertools.product(stages, sps, eps):
-            keys = {"sharding": stage, "tensor_parallel_degree": tp if gpus > 1 else current["tensor_parallel_degree"],
-                    "pipeline_parallel_degree": pp if gpus > 1 else current.get("pipeline_parallel_degree", 1),
-                    "context_parallel_degree": cp if gpus > 1 else current.get("context_parallel_degree", 1),
-                    "sequence_parallel": sp, "expert_parallel_degree": ep}
-            yield data_ranks, keys
-            if fixed and stage:
-                yield data_ranks, {**keys, "sharding_parallel_degree": -1}
-
-
-def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0, experts: int = 0,
-               per_node: int = 0) -> list[dict]:
-    """Every layout to try, as key changes against `current` (the file's values of the searched keys).
-
-    The layouts are `_splits`'; for each, micro-batch × accumulation = global batch / data ranks, so a split that
-    leaves a fraction is skipped, with every recompute granularity and flash attention. Nothing here decides which
-    layouts can run: what `config.resolve` refuses (a degree that does not divide the heads, a product in
-    `config.refusals`' table, ...) is refused when the caller re-resolves the candidate, by the same rule `train`
-    applies.
-    """
-    out = []
-    flash = [current["use_flash_attention"]] + ([True] if not current["use_flash_attention"] else [])
-    for data_ranks, keys in _splits(current, gpus, seq_len, experts, per_node):
-        if global_batch % data_ranks:
-            continue
-        per_rank = global_batch // data_ranks
-        for micro, gran, fa in itertools.product(_divisors(per_rank), SEARCHED_RECOMPUTE, flash):
-            want = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": per_rank // micro,
-                    "recompute": gran is not None, "use_flash_attention": fa, **keys}
-            if gran is not None:
-                want["recompute_granularity"] = gran
-            out.append({k: v for k, v in want.items() if current.get(k) != v})
-    return out
-
-
-def lean_layouts(current: dict, gpus: int, seq_len: int = 0, experts: int = 0, per_node: int = 0) -> list[dict]:
-    """Each layout of `_splits` on `gpus` devices at its least memory: micro-batch 1, full recompute, flash
-    attention, every data rank keeping the file's samples a step (micro-batch × accumulation: the global batch grows
-    with the data ranks). What the fewest-devices search (`suggestions.more_devices`) tries at a device count: whether any
-    layout fits there, which `suggestions.minimal` then strips of the keys it does not need."""
-    per_rank = current["per_device_train_batch_size"] * current["gradient_accumulation_steps"]
-    out = []
-    for _, keys in _splits(current, gpus, seq_len, experts, per_node):
-        want = {**keys, "per_device_train_batch_size": 1, "gradient_accumulation_steps": per_rank, "recompute": True,
-                "recompute_granularity": "full", "use_flash_attention": True}
-        out.append({k: v for k, v in want.items() if current.get(k) != v})
-    return out
 
 
 def _layout(r: dict) -> tuple:
@@ -146,8 +62,8 @@ def search(current: dict, base: Plan, replan, budget_gib: float, fewest_first: b
     too_big: dict[frozenset, tuple[int, int]] = {}
     floors: dict[frozenset, float] = {}  # a split's keys -> the GiB each of its candidates needs at least
     least = float("inf")  # the least memory of a candidate planned so far (`smallest` is no larger)
-    todo = [{}] + candidates(current, base.global_batch, base.gpus, base.max_seq_length, base.model.experts,
-                             base.device.links.gpus_per_node)
+    todo = [{}] + fit_candidates.candidates(current, base.global_batch, base.gpus, base.max_seq_length,
+                                            base.model.experts, base.device.links.gpus_per_node)
     bar = progress(len(todo), f"{base.gpus} x {base.device.name}, {base.precision.amp_level or 'fp32'}") \
         if progress is not None else None
     for change in todo:
@@ -157,7 +73,7 @@ def search(current: dict, base: Plan, replan, budget_gib: float, fewest_first: b
         split = frozenset((k, v) for k, v in rest if k not in STEP_KEYS)
         micro = change.get("per_device_train_batch_size", current["per_device_train_batch_size"])
         over, changes = too_big.get(rest, (micro, 0))
-        if micro > over and len(change) >= changes:  # (`candidates` proposes a layout's micro-batches rising)
+        if micro > over and len(change) >= changes:  # (`fit_candidates.candidates`: micro-batches rising)
             skipped += 1  # no smaller than that one (as small, it would be the smallest only with fewer changes)
             continue
         if floors.get(split, 0.0) > max(budget_gib, least):  # neither fits nor is the smallest
@@ -275,13 +191,13 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
 
 def fewest_devices(current: dict, base: Plan, replan, budget_gib: float, small: dict | None) -> dict | None:
     """The fewest devices that fit within `budget_gib` (`suggestions.more_devices`, from the search's smallest
-    layout `small` at `--gpus` and `lean_layouts` at each count): `plan --fit`'s answer and `plan`'s first
-    suggestion when nothing fits (one search, one answer). On cpu too where the model's state alone exceeds the
+    layout `small` at `--gpus` and `fit_candidates.lean_layouts` at each count): `plan --fit`'s answer and `plan`'s
+    first suggestion when nothing fits (one search, one answer). On cpu too where the model's state alone exceeds the
     machines planned (`suggestions.machine_too_small`): more machines add memory (each node its own). The layouts
     are judged at an evaluation of 1, so the answer carries `fit_eval`'s eval keys there (`with_eval`), the samples
     an evaluation reads being what the file as written reads on that many devices (what `--fit` re-run there keeps)."""
     scale = more_devices(base, [small] if small else [], replan, [small["change"]] if small else [],
-                         budget_gib=budget_gib, lean=lambda world: lean_layouts(
+                         budget_gib=budget_gib, lean=lambda world: fit_candidates.lean_layouts(
                              current, world, base.max_seq_length, base.model.experts, base.device.links.gpus_per_node))
     if scale is None:
         return None
@@ -330,11 +246,11 @@ def remembered(replan):
 
 
 def leanest(current: dict, base: Plan, replan, world: int = MAX_DEVICES) -> Plan | None:
-    """The layout of `lean_layouts` on `world` devices that needs the least (`Plan.least_gib`), or None: what `plan`
-    and `--fit` name when the count search found no number of devices up to `world` that fits. Where its evaluation
-    of 1 sample is what needs the most, planned at that eval batch, so that its parts are the ones named
-    (`suggestions.machine_too_small`)."""
-    plans = ((change, replan(change, world, layout=False)) for change in lean_layouts(
+    """The layout of `fit_candidates.lean_layouts` on `world` devices that needs the least (`Plan.least_gib`), or
+    None: what `plan` and `--fit` name when the count search found no number of devices up to `world` that fits.
+    Where its evaluation of 1 sample is what needs the most, planned at that eval batch, so that its parts are the
+    ones named (`suggestions.machine_too_small`)."""
+    plans = ((change, replan(change, world, layout=False)) for change in fit_candidates.lean_layouts(
         current, world, base.max_seq_length, base.model.experts, base.device.links.gpus_per_node))
     change, r = min(((c, r) for c, r in plans if r is not None), key=lambda cr: cr[1].least_gib, default=(None, None))
     if r is not None and r.eval_batch > 1 and (r.eval_least_gib or 0.0) > r.peak_gib:

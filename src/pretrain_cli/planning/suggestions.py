@@ -275,9 +275,9 @@ def more_devices(base: Plan, singles: list[dict], replan, layouts: list[dict] = 
     there (on cpu a node's processes share one memory: `_share`), so the search starts there. At the counts of
     `device_counts` `first_count` asks (not each), the file as it is, each sharding stage, the single-device savings
     (recompute, smaller micro-batch, …) alone and with stage3, each of `layouts` (the `--fit` search's smallest layout
-    at `--gpus`), and `lean(gpus)`'s layouts (`fit.lean_layouts`: every tensor, pipeline, expert degree and sharding
-    stage at its least memory). Then each whole number of nodes (within a node, each count) between the last count
-    that did not fit and the first that did, fewest first, with the layouts that fit there: one that fits on fewer
+    at `--gpus`), and `lean(gpus)`'s layouts (`fit_candidates.lean_layouts`: every tensor, pipeline, expert degree and
+    sharding stage at its least memory). Then each whole number of nodes (within a node, each count) between the last
+    count that did not fit and the first that did, fewest first, with the layouts that fit there: one that fits on fewer
     devices also fits on more (its state split over more ranks), not the other way round. A layout whose
     tensor-parallel groups would span nodes counts as not fitting (`layout.tp_inside_node`): more nodes with tp
     inside one are suggested instead (PaddleNLP's DeepSeek-V3 file at 8,192 tokens: tp 8 on 232 H100, not tp 16
