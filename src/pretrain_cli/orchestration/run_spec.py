@@ -158,7 +158,8 @@ class RunSpec:
         lines.append(f"  tokenizer: {self.tokenizer_dir or self._no_tokenizer()}")
         lines.append(f"  device {r.device}, precision {r.precision.amp_dtype or 'float32'}"
                      f"{' ' + r.precision.level if r.precision.enabled else ''}; {r.parallel.describe()}; "
-                     f"attention {attention_words(r.kernels, r.device, r.data.attention_mask_type, r.parallel.cp_degree)}, "
+                     f"attention "
+                     f"{attention_words(r.kernels, r.device, r.data.attention_mask_type, r.parallel.cp_degree)}, "
                      f"{r.data.attention_mask_type} mask"
                      f"{' (positions restart per document)' if r.data.reset_position_ids else ''}; "
                      f"recompute {r.recompute_granularity or 'off'}")
