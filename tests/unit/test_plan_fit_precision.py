@@ -4,7 +4,7 @@ amp_master_grad), a file naming its level is searched at it alone, and `train`'s
 from pathlib import Path
 
 from plan_helpers import fit
-from pretrain_cli.orchestration import planned
+from pretrain_cli.orchestration import out_of_memory_hint, planned
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning.fit_precision import pick_precision
 from pretrain_cli.planning.plan import target_device
@@ -52,7 +52,7 @@ def test_the_out_of_memory_hint_keeps_the_files_level():
     with "re-run to resume" is O1's layout (pp 2 x EP 4): it named fp16_opt_level "O1" -> "O2"."""
     args, cfg = planned.parse(TINY, QWEN3_30B)
     run = planned._resolved(args, cfg, target_device("H100", gpus=8), 8)
-    line = planned.out_of_memory_line(args, cfg, run, "q.json", 5, "NVIDIA H100 80GB HBM3")
+    line = out_of_memory_hint.out_of_memory_line(args, cfg, run, "q.json", 5, "NVIDIA H100 80GB HBM3")
     assert "top plan suggestion for this run: pipeline_parallel_degree 1 -> 2" in line
     assert "fp16_opt_level" not in line and "re-run to resume" in line
     assert fit(TINY, QWEN3_30B, device="H100", gpus=8)["change"]["fp16_opt_level"] == "O2"  # --fit itself offers it

@@ -138,7 +138,7 @@ def test_search_filters_on_the_larger_of_steady_state_and_start_up():
 
 def test_out_of_memory_hint_covers_start_up(monkeypatch):
     """`train`'s out-of-memory hint re-fits under the failed layout's peak, start-up included."""
-    from pretrain_cli.orchestration.planned import out_of_memory_fit
+    from pretrain_cli.orchestration.out_of_memory_hint import out_of_memory_fit
 
     args, cfg = parsed(str(LLAMA), TO_70B)
     predicted, f = out_of_memory_fit(args, cfg, "H100", 64)

@@ -73,9 +73,9 @@ def peak_memory(device: str) -> str:
 
 def out_of_memory_line(ns: argparse.Namespace, spec, step: int, peak: str | None = None) -> str:
     """One line: where it ran out, the process's `peak`, and `plan --fit`'s layout for this run
-    (`orchestration.planned.out_of_memory_line`)."""
+    (`orchestration.out_of_memory_hint.out_of_memory_line`)."""
     from pretrain_cli import runtime
-    from pretrain_cli.orchestration.planned import out_of_memory_line as line
+    from pretrain_cli.orchestration.out_of_memory_hint import out_of_memory_line as line
 
     gpu = None if spec.run.device == "cpu" else (runtime.gpu_name() or "")
     return line(spec.args, spec.model_cfg, spec.run, ns.config, step, gpu, peak)

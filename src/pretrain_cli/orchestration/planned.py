@@ -1,4 +1,5 @@
-"""A parsed run planned for a target device, and re-planned with key changes: `plan`, `plan --fit`, the OOM hint.
+"""A parsed run planned for a target device, and re-planned with key changes: `plan` and `plan --fit`, which
+`train`'s out-of-memory hint (`orchestration.out_of_memory_hint`) runs too.
 
 `plan` resolves the arguments exactly as `train` does, but for a target (`--device`, `--gpus`) instead of this
 machine, so GPU precision (fp16/bf16, O1/O2), flash attention and sharding apply even when planning on a laptop.
@@ -25,7 +26,6 @@ from pretrain_cli.orchestration import plan_options
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
 from pretrain_cli.planning.fit_precision import pick_precision
-from pretrain_cli.planning.fit_report import json_value
 from pretrain_cli.planning.eta import at_measured_mfu
 from pretrain_cli.planning.machines import fewer_a_machine
 from pretrain_cli.planning.plan import MFU_HALF, Device, device_note, report, target_device
@@ -206,43 +206,6 @@ def _precision_for(args: Arguments, device: str) -> dict:
     if args.training.bf16 and not args.training.fp16 and hardware.pre_ampere(entry.capability if entry else None):
         return {"bf16": False, "fp16": True}
     return {}
-
-
-def out_of_memory_line(args: Arguments, model_cfg, run, config_path: str | None, step: int,
-                       gpu_name: str | None, peak: str | None = None) -> str:
-    """`train`'s one line after running out of memory at `step` (0: building the run) of the resolved `run`:
-    where (with the process's `peak` memory when given), and `plan --fit`'s layout under a budget below what
-    failed. `gpu_name`: the driver's name (None on CPU), planned as its hardware-table entry."""
-    where = f"out of memory at step {step}" if step else "out of memory before the first step (building the run)"
-    where += f" (process peak {peak})" if peak else ""
-    entry = hardware.lookup(gpu_name) if gpu_name is not None else None
-    device = "cpu" if gpu_name is None else (entry.name if entry is not None else None)
-    world = run.parallel.world_size
-    how = f"pretrain-cli plan {config_path or '<args.json>'} --device {device or '<your GPU>'} --gpus {world} --fit"
-    if device is None:
-        return f"{where}; `{how}` finds a layout that fits (checkpoints are untouched)"
-    try:
-        predicted, f = out_of_memory_fit(args, model_cfg, device, world)
-    except UserError:
-        return f"{where}; `{how}` finds a layout that fits (checkpoints are untouched)"
-    if f["after"] is None or not f["diff"]:
-        return (f"{where} on {world} x {device}: no layout of this run is predicted to need less than "
-                f"{predicted:.2f} GiB per device; use more devices or ones with more memory (`{how}`); "
-                f"checkpoints are untouched")
-    change = ", ".join(f"{k} {json_value(old)} -> {json_value(new)}" for k, old, new in f["diff"])
-    return (f"{where} on {world} x {device}: top plan suggestion for this run: {change} (predicted "
-            f"{predicted:.2f} -> {f['after']['memory_gib']:.2f} GiB per device; `{how} -o fitted.json` writes it); "
-            f"checkpoints are untouched, re-run to resume from the last one")
-
-
-def out_of_memory_fit(args: Arguments, model_cfg, device: str, gpus: int) -> tuple[float, dict]:
-    """(the failed layout's predicted peak GiB per device, `fit` under 90 % of the smaller of it and the device's
-    memory): the layout that failed needed more than the device has, whatever the estimate said. The peak is the
-    larger of the steady-state step and start-up (`Plan.peak_gib`), so a run that ran out of memory while
-    it was being built is re-fitted against its start-up too."""
-    predicted = plan(args, model_cfg, device, gpus, suggest_changes=False).peak_gib
-    budget = min(predicted, target_device(device, gpus=gpus).memory_gib) * (1 - fit_search.DEFAULT_MARGIN)
-    return predicted, fit(args, model_cfg, device, gpus, budget_gib=budget, levels=False)
 
 
 def _replanner(args: Arguments, model_cfg, device: str, gpus: int, mfu, baseline_bytes: float, peak_tflops,
