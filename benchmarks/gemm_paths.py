@@ -59,6 +59,36 @@ def _time(run, reps: int = 7) -> float:
     return statistics.median(times)
 
 
+def mkl_runner(calls: list, mats: list, threads: int):
+    """run_calls(lo, hi): calls[lo:hi] through Paddle's own MKL (`libmklml_intel.so`, row-major `cblas_sgemm`, the
+    layouts `paddle.matmul` uses) on the numpy operands `mats`, into outputs made here. Shared with
+    `step_regions.py`, which times the step's regions against the same calls."""
+    import numpy as np
+    import paddle
+
+    libs = Path(paddle.__file__).parent / "libs"
+    ctypes.CDLL(str(libs / "libiomp5.so"), mode=ctypes.RTLD_GLOBAL).omp_set_num_threads(threads)
+    mkl = ctypes.CDLL(str(libs / "libmklml_intel.so"), mode=ctypes.RTLD_GLOBAL)
+    fp = ctypes.POINTER(ctypes.c_float)
+    outs = [np.empty((m, n), np.float32) for _, _, m, n, _ in calls]
+
+    def run_calls(lo, hi):
+        for (ta, tb, m, n, k), (x, w), c in zip(calls[lo:hi], mats[lo:hi], outs[lo:hi]):
+            mkl.cblas_sgemm(101, 112 if ta else 111, 112 if tb else 111, m, n, k, ctypes.c_float(1.0),
+                            x.ctypes.data_as(fp), m if ta else k, w.ctypes.data_as(fp), k if tb else n,
+                            ctypes.c_float(0.0), c.ctypes.data_as(fp), n)
+    return run_calls
+
+
+def operands(calls: list) -> list:
+    """Random fp32 (x, w) per call of `gemm_set`, in the layout each call reads (transposed ones stored so)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32),
+             rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)) for ta, tb, m, n, k in calls]
+
+
 def worker(cfg: dict, path: str, threads: int) -> dict:
     import numpy as np
 
@@ -67,9 +97,7 @@ def worker(cfg: dict, path: str, threads: int) -> dict:
     runtime.keep_freed_memory()  # as in training (and in the harness's compiled HF worker)
     calls = gemm_set(cfg)
     flops = sum(2 * m * n * k for _, _, m, n, k in calls)
-    rng = np.random.default_rng(0)
-    mats = [(rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32),
-             rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)) for ta, tb, m, n, k in calls]
+    mats = operands(calls)
     if path == "openblas":  # numpy's sgemm; transposed operands are views it passes to BLAS with trans flags
         ops = [((x.T if ta else x), (w.T if tb else w), np.empty((m, n), np.float32))
                for (ta, tb, m, n, _), (x, w) in zip(calls, mats)]
@@ -94,19 +122,7 @@ def worker(cfg: dict, path: str, threads: int) -> dict:
             for x, w, c in ops[lo:hi]:  # transposed operands are views: BLAS reads them with its trans flags
                 torch.matmul(x, w, out=c)
     else:
-        import paddle
-
-        libs = Path(paddle.__file__).parent / "libs"
-        ctypes.CDLL(str(libs / "libiomp5.so"), mode=ctypes.RTLD_GLOBAL).omp_set_num_threads(threads)
-        mkl = ctypes.CDLL(str(libs / "libmklml_intel.so"), mode=ctypes.RTLD_GLOBAL)
-        fp = ctypes.POINTER(ctypes.c_float)
-        outs = [np.empty((m, n), np.float32) for _, _, m, n, _ in calls]
-
-        def run_calls(lo, hi):
-            for (ta, tb, m, n, k), (x, w), c in zip(calls[lo:hi], mats[lo:hi], outs[lo:hi]):
-                mkl.cblas_sgemm(101, 112 if ta else 111, 112 if tb else 111, m, n, k, ctypes.c_float(1.0),
-                                x.ctypes.data_as(fp), m if ta else k, w.ctypes.data_as(fp), k if tb else n,
-                                ctypes.c_float(0.0), c.ctypes.data_as(fp), n)
+        run_calls = mkl_runner(calls, mats, threads)
     # one layer's GEMMs and the head's (`gemm_set` puts the head's three last), each timed on its own
     layer, head = _time(lambda: run_calls(0, len(calls) - 3)), _time(lambda: run_calls(len(calls) - 3, len(calls)))
     seconds = layer + head

@@ -123,11 +123,11 @@ def merge(results: list[dict]) -> dict:
     return out
 
 
-def op_profile(step, steps: int, step_s: float, top: int) -> str:
-    """`steps` more steps under Paddle's profiler: every event's own time (its span minus its children's), summed
-    by name, per step. Our C++ ops and the fused head + loss have no event of their own: their time is the own
-    time of the layer that calls them ("Forward CausalLM" = the head + loss, "Forward CoreAttention" = attention).
-    `step_s` is the unprofiled step (the profiler adds its own overhead)."""
+def own_times(step, steps: int) -> tuple[dict, float]:
+    """`steps` more steps under Paddle's profiler → ({(event type, name): own seconds per step}, profiled seconds
+    per step). An event's own time is its span minus its children's. Our C++ ops and the fused head + loss have no
+    event of their own: their time is the own time of the layer that calls them ("Forward CausalLM" = the head +
+    loss, "Forward CoreAttention" = attention); `step_regions.py` groups these events by region."""
     from collections import defaultdict
 
     import paddle.profiler as profiler
@@ -147,8 +147,15 @@ def op_profile(step, steps: int, step_s: float, top: int) -> str:
         children = sum(c.end_ns - c.start_ns for c in node.children_node)
         own[(str(node.type).rsplit(".", 1)[-1], node.name)] += (node.end_ns - node.start_ns - children) / 1e9
         stack.extend(node.children_node)
-    lines = [f"step {step_s * 1e3:.1f} ms unprofiled, {profiled / steps * 1e3:.1f} ms profiled",
+    return {key: t / steps for key, t in own.items()}, profiled / steps
+
+
+def op_profile(step, steps: int, step_s: float, top: int) -> str:
+    """The `top` events of `own_times` as a table; `step_s` is the unprofiled step (the profiler adds its own
+    overhead)."""
+    own, profiled = own_times(step, steps)
+    lines = [f"step {step_s * 1e3:.1f} ms unprofiled, {profiled * 1e3:.1f} ms profiled",
              f"{'event':12} {'name':52} {'ms/step':>8} {'share':>6}"]
     for (kind, name), t in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
-        lines.append(f"{kind[:12]:12} {name[:52]:52} {t / steps * 1e3:>8.2f} {t / profiled:>6.1%}")
+        lines.append(f"{kind[:12]:12} {name[:52]:52} {t * 1e3:>8.2f} {t / profiled:>6.1%}")
     return "\n".join(lines)
