@@ -119,9 +119,9 @@ class _Log(TrainLog):
             last_batch_hash="", log_history=[], routers_from_init=fresh or [], routers_steps_before=before or {})
         self.comm = SimpleNamespace(mean=lambda x: x)
         self.schedule = SimpleNamespace(lr_at=lambda step: 1e-3, phase=lambda step: None, warmup_steps=10)
-        self.throughput = SimpleNamespace(time_remaining=lambda n: 0.0, interval=dict, tokens_this_launch=0,
-                                          global_batch=1, seq_len=1)  # (a process from step 0)
+        self.throughput = SimpleNamespace(time_remaining=lambda n: 0.0, interval=dict)
         self.loop, self.device, self.writer = SimpleNamespace(memory_metrics=False, max_steps=100), "cpu", None
+        self.resumed_step = 0  # (a process from step 0)
         self.events, self.continued = events, continued
 
     def record_event(self, kind, values, step=None):

@@ -120,19 +120,64 @@ def test_export_of_a_checkpoint_says_dropless_from_its_args_json(dropped, tmp_pa
 
 def test_a_resumed_run_names_the_steps_since_its_checkpoint(tmp_path):
     """Resumed from checkpoint-2 with a line every 2 steps, the resumed process's first line (step 4) covers steps
-    3-4, where the model's counts began (it said "over step 4"; R6's, from checkpoint-25: "over step 30")."""
-    data, out, lines = write_tokens(tmp_path / "c", vocab_size=512), tmp_path / "run", []
-    for steps in ("2", "4"):  # the second resumes checkpoint-2 (the run's output_dir, as a re-run of train does)
+    3-4, where the model's counts began (it said "over step 4"; R6's, from checkpoint-25: "over step 30"): also with
+    gradient accumulation, and a global batch the resumed run changed (4 sequences a step, then 2)."""
+    data, out, lines, said = write_tokens(tmp_path / "c", vocab_size=512), tmp_path / "run", [], []
+    for steps, micro in (("2", "2"), ("4", "1")):  # the second resumes checkpoint-2 (a re-run of train does)
         stdout = io.StringIO()
         with contextlib.redirect_stdout(stdout):
             assert cli.main(["train", *TRAIN, "--max_steps", steps, "--save_steps", "2", "--logging_steps", "2",
+                             "--per_device_train_batch_size", micro, "--gradient_accumulation_steps", "2",
                              "--input_dir", data, "--capacity_factor", "0.5", "--output_dir", str(out)]) == 0
+        said += [x for x in stdout.getvalue().splitlines() if "batch: " in x]
         lines.append([x for x in stdout.getvalue().splitlines() if "assignments were dropped" in x])
+    assert any("this run takes 2 from here on" in x for x in said), said  # (checkpoint-2's run: 4 a step)
     events = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     events = [(e["step"], e["since_step"]) for e in events if e["kind"] == "tokens_dropped"]
     # (step 1 logs a line of its own: the first run warns there; 0.5 at step 2 is not twice it)
     assert "were dropped over step 1 (" in lines[0][0] and "were dropped over steps 3-4 (" in lines[1][0], lines
     assert events == [(1, 1), (4, 3)], events
+
+
+def test_a_rollback_before_the_first_line_leaves_the_resumed_step_where_counts_began(monkeypatch, caplog):
+    """Resumed from checkpoint-4, a process trains steps 5-6, rolls back to checkpoint-4 (the spike policy's reload:
+    `load_state_dict` of its state) and trains 5-8 to its first line: the counts that line reads began after step
+    4, the step the trainer resumed at. Derived from the throughput's tokens since launch (6 steps), it said "over
+    steps 3-8", before the checkpoint it resumed."""
+    import logging
+
+    from run_helpers import resolve_run
+    from pretrain_cli import runtime
+    from pretrain_cli.distributed.comms.comm import NoComm
+    from pretrain_cli.models import build_model, moe_loss
+    from pretrain_cli.run_config import MoeConfig
+    from pretrain_cli.training.metrics import Throughput
+    from pretrain_cli.training.run import lay_out
+    from pretrain_cli.training.trainer import Trainer
+    from pretrain_cli.training.trainer_state import Collaborators
+
+    paddle = runtime.import_paddle()
+    run = resolve_run("--max_steps", "20", "--gradient_accumulation_steps", "2", model="micro-qwen3-moe")
+    cfg = ModelConfig.from_file(str(resolve_model_dir("micro-qwen3-moe")))
+    with paddle.LazyGuard():
+        layout = lay_out(run, build_model(cfg, None, MoeConfig()), NoComm())
+    first = Trainer(layout, None, run, NoComm())
+    first.state.global_step, first.state.consumed_samples = 4, 4 * first.global_batch
+    saved = json.loads(json.dumps(first.state_dict()))  # checkpoint-4's trainer state
+    t = Trainer(layout, None, run, NoComm(), Collaborators(throughput=Throughput.for_run(run, cfg, None)),
+                resumed=saved)
+    for _ in range(2):
+        t._account(1.0)  # steps 5, 6
+    t.load_state_dict(saved)  # the rollback to checkpoint-4
+    for _ in range(4):
+        t._account(1.0)  # steps 5-8
+    assert (t.resumed_step, t.state.global_step, t.throughput.tokens_this_launch) == (4, 8, 6 * run.tokens_per_step)
+    monkeypatch.setattr(moe_loss, "log_values", lambda model, strategy: {
+        "moe_expert_share_per_layer": [0.1, 0.1], "moe_dropped_share": 0.5, "moe_dropped_share_per_layer": [0.5, 0.5]})
+    with caplog.at_level(logging.WARNING, logger="pretrain_cli"):
+        t._log(grad_norm=1.0)
+    warned = [r.getMessage() for r in caplog.records if "assignments were dropped" in r.getMessage()]
+    assert len(warned) == 1 and "were dropped over steps 5-8 (" in warned[0], warned
 
 
 def test_eval_of_a_run_with_a_capacity_says_it_runs_dropless(dropped, capsys):

@@ -3,8 +3,9 @@ and metrics.jsonl's records (`_record`, `record_event`), the routing-collapse wa
 (`training.routing_watch`), the one-time layout report and rank 0's progress bar.
 
 A mixin of `trainer.Trainer`, apart from the loop so the loop reads as its stop conditions and bookkeeping: it
-uses the trainer's `state`, `loop`, `schedule`, `parallel`, `device`, `comm`, `layout`, `continued` and its
-collaborators `writer` and `throughput`, and changes nothing of the state but the log-interval losses and the history.
+uses the trainer's `state`, `loop`, `schedule`, `parallel`, `device`, `comm`, `layout`, `continued`,
+`resumed_step` and its collaborators `writer` and `throughput`, and changes nothing of the state but the log-interval
+losses and the history.
 """
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ class TrainLog:
                                                          from_init=self.state.routers_from_init if self.continued
                                                          else True,
                                                          before=steps_before(self.state.routers_steps_before),
-                                                         resumed_at=self.state.global_step - self._launched_steps())
+                                                         resumed_at=self.resumed_step)
             if (note := watch.note(self.loop.max_steps)) is not None:
                 log.info(f"note: {note}")
         for layer, share in watch.see(values["moe_expert_share_per_layer"], self.state.global_step):
@@ -84,12 +85,6 @@ class TrainLog:
             self.record_event("tokens_dropped", {"dropped_share": round(share, 4), "dropped_share_per_layer": per_layer,
                                                  "since_step": watch.first, "capacity_factor": moe.capacity_factor,
                                                  "expert_capacity": cap})
-
-    def _launched_steps(self) -> int:
-        """The steps this process took (its throughput's tokens since launch): the MoE counts a log line reads began
-        with them, not at the resumed checkpoint's last log line."""
-        tp = self.throughput
-        return tp.tokens_this_launch // (tp.global_batch * tp.seq_len) if tp is not None else 0
 
     def record_event(self, kind: str, values: dict, step: int | None = None) -> None:
         """An event (a spike, a save's stall) in metrics.jsonl only: the trainer state stays small."""

@@ -73,6 +73,9 @@ class Trainer(TrainLog):
         self.signals = signals or StopSignals()
         if resumed is not None:
             self.load_state_dict(resumed, resumed_from)
+        # the step this process's training starts after (its resume's; 0 from the start), where the MoE counts its
+        # first log line reads began (`train_log`); a spike's rollback later moves the state's step, not this
+        self.resumed_step = self.state.global_step
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
