@@ -184,3 +184,21 @@ def test_a_truncated_weights_file_is_advised_by_what_holds_it(tmp_path, trainer_
         reader.read("model.embed_tokens.weight")
     assert str(e.value) == (f"{tmp_path / 'model.safetensors'}: truncated ({len(data) - 8:,} bytes, tensor "
                             f"'model.embed_tokens.weight' ends at {len(data):,}){advice}")
+
+
+@pytest.mark.parametrize("use, advice", [("continue_training", "point model_name_or_path to another of the run's "
+                                                               "checkpoints"),
+                                         ("inference", "point --model to another checkpoint-N")])
+def test_a_checkpoint_without_its_index_is_advised_for_what_the_reader_does(tmp_path, use, advice):
+    """Two ranks' checkpoint that lost checkpoint.index.json, its weights read by a `continue_training` run: the
+    line ended with eval's advice (`open_reader` asked `model_files.find_weights` for inference's line)."""
+    from pretrain_cli.training.weight_source import open_reader
+
+    ckpt = tmp_path / "checkpoint-4"
+    ckpt.mkdir()
+    for name in ("trainer_state.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                 "optimizer-00001-of-00002.safetensors", "optimizer-00002-of-00002.safetensors"):
+        (ckpt / name).write_bytes(b"")
+    with pytest.raises(UserError) as e:
+        open_reader(ckpt, "weights", use)
+    assert str(e.value) == f"{ckpt / 'checkpoint.index.json'} is missing; the checkpoint is incomplete: {advice}"

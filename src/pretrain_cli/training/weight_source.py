@@ -71,8 +71,8 @@ def open_reader(ckpt, kind: str, use: str):
         return checkpoint_index.Reader(meta.path, meta.index, advice), meta.path / checkpoint_index.INDEX
     if kind == "optimizer":
         return Files([meta.path / OPTIMIZER_FILE], "optimizer state", advice), meta.path / OPTIMIZER_FILE
-    return (Files([p for p in find_weights(meta.path) if not Path(p).name.startswith("optimizer")], "weights", advice),
-            meta.path)
+    weights = find_weights(meta.path, use)  # (which files, or the line an unreadable directory gets for `use`)
+    return Files([p for p in weights if not Path(p).name.startswith("optimizer")], "weights", advice), meta.path
 
 
 def as_float32(arr: np.ndarray, code: str) -> np.ndarray:
