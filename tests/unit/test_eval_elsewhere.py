@@ -186,16 +186,19 @@ def test_a_recorded_data_folder_here_with_other_files_beside_the_runs_token_file
 def test_our_checkpoint_without_its_index_is_said_so_by_eval(trained, capsys, tmp_path):
     """R11: eval of a checkpoint-N of ours that lost checkpoint.index.json said "transformers' shards, without their
     model.safetensors.index.json ... download or export it again" of 2 ranks' files (`test_model_files`), and read
-    one process's model.safetensors, whose header records pieces, without a word, where export says the index is
-    missing; one judge (`storage.intact`) says it for both."""
+    one process's model.safetensors, whose header records pieces, without a word. Now 2 ranks' get
+    `storage.intact`'s line (`test_eval_lost_index`), and one process's, whole in that file, is read with one note
+    naming the missing index."""
     started, other, out = trained
     ckpt = tmp_path / "checkpoint-2"
     shutil.copytree(out / "checkpoint-2", ckpt)
     (ckpt / "checkpoint.index.json").unlink()
     with _In(started):
         code, _, err = _eval(capsys, "--model", str(ckpt), "--input_dir", str(started / "data" / "c"))
-    assert code == 2 and err == [f"error: {ckpt / 'checkpoint.index.json'} is missing; the checkpoint is "
-                                 f"incomplete: point --model to another checkpoint-N"], err
+    said = [x for x in err if "checkpoint.index.json" in x]
+    assert code == 0 and said == [f"note: {ckpt / 'checkpoint.index.json'} is missing: the weights are read from its "
+                                  f"model.safetensors, whole as its one process wrote them, without the checksums "
+                                  f"the index kept; a resume does not take this checkpoint"], err
 
 
 @pytest.mark.parametrize("name", ["./configs/deepseek-v3-tiny", "../models/x", "models/org/x", "models\\x"])

@@ -44,11 +44,13 @@ def find_weights(src_dir, use: str = "inference") -> list[str]:
     leaves both (`convert.write_hf_dir` removes a model's files first), so both are two models mixed (a sharded one copied
     over a single-file one: cp and rsync remove nothing), and which is this one the files cannot tell. One of our
     checkpoints without its checkpoint.index.json (`_ours_unindexed`) gets `storage.intact`'s line, as `export`
-    does, ended as `advice_for` says for `use`. UserError naming the directory if there are none."""
+    does, ended as `advice_for` says for `use`; for inference one process's whose model.safetensors records each
+    tensor whole is read from that file instead (`_read_without_index`; `lost_index_note` says so). UserError
+    naming the directory if there are none."""
     from pretrain_cli.storage.checkpoint_index import INDEX as CHECKPOINT_INDEX
 
     src_dir = str(src_dir)
-    if _ours_unindexed(src_dir):
+    if _ours_unindexed(src_dir) and not (use == "inference" and _read_without_index(src_dir)):
         from pretrain_cli.storage import intact
         from pretrain_cli.storage.shard_files import advice_for
 
@@ -107,6 +109,25 @@ def _ours_unindexed(src_dir: str) -> bool:
         return False
     ours = CHECKPOINT.match(path.name) or CheckpointDir(path).record is not None
     return bool(ours) and intact.paddlenlp_checkpoint(path) is None
+
+
+def _read_without_index(src_dir: str) -> bool:
+    """Whether one of our checkpoints without its checkpoint.index.json is read for inference all the same, from its
+    model.safetensors (`storage.intact.whole_without_index`: one process wrote it, each tensor whole)."""
+    from pretrain_cli.storage import intact
+
+    return _ours_unindexed(src_dir) and intact.whole_without_index(src_dir)
+
+
+def lost_index_note(src_dir) -> str | None:
+    """The one note of a checkpoint `find_weights` reads for inference without its checkpoint.index.json, or None."""
+    from pretrain_cli.storage.checkpoint_index import INDEX as CHECKPOINT_INDEX
+
+    if not _read_without_index(str(src_dir)):
+        return None
+    return (f"note: {os.path.join(str(src_dir), CHECKPOINT_INDEX)} is missing: the weights are read from its "
+            f"{SINGLE_FILE}, whole as its one process wrote them, without the checksums the index kept; a resume "
+            f"does not take this checkpoint")
 
 
 def _some(names: list[str]) -> str:

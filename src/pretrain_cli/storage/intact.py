@@ -19,7 +19,8 @@ warning line; a checkpoint named by `resume_from_checkpoint` is checked the same
 line when damaged (orchestration.prepare). A checkpoint PaddleNLP's Trainer wrote is no damage: either way it is
 one line of its own (`paddlenlp_checkpoint`), no other checkpoint tried. `damage(ckpt, files=...)` checks a
 subset of the files: a rank that reads only some of them can verify just those, and an export only the weights'
-(`export_problem`).
+(`export_problem`). A checkpoint that lost its index is no resume's, but `whole_without_index` says whether one
+process's still holds its weights whole for `eval` and `generate`.
 """
 from __future__ import annotations
 
@@ -164,6 +165,28 @@ def _unindexed(ckpt: Path) -> Problem | None:
     if not (ckpt / OPTIMIZER_FILE).is_file() or any(p.name.startswith("optimizer") for p in shards):
         return missing
     return _headers(sorted(ckpt.glob("*.safetensors")), indexed_format=missing)
+
+
+def whole_without_index(ckpt) -> bool:
+    """Whether checkpoint `ckpt`, its checkpoint.index.json gone, still holds its weights whole for a reader of them
+    alone (`eval`, `generate`: `models.model_files.find_weights` for inference): one process wrote it (its trainer
+    state there, model.safetensors and no rank's `-of-` file), and that file, its data all there, records in its
+    header each of its tensors whole (`checkpoint_index.PIECES_KEY`: at offsets 0, of the shape it holds). The
+    checksums went with the index, so none is checked. A resume, which checks them and reads the optimizer state
+    too, still refuses the checkpoint (`_unindexed`); a multi-rank one's weights lie in pieces no index places."""
+    ckpt = Path(ckpt)
+    model = ckpt / checkpoint_index.file_name("model", 0, 1)
+    if ((ckpt / checkpoint_index.INDEX).is_file() or not (ckpt / STATE_FILE).is_file() or not model.is_file()
+            or any(ckpt.glob("*-of-*.safetensors")) or _headers([model]) is not None):
+        return False
+    f = File(model)
+    try:
+        held = json.loads(f.metadata[checkpoint_index.PIECES_KEY])
+    except (KeyError, TypeError, ValueError):  # (no record of its pieces: a checkpoint from before the index)
+        return False
+    return (isinstance(held, dict) and bool(f.tensors) and set(held) == set(f.tensors)
+            and all(isinstance(p, dict) and isinstance(p.get("offsets"), list) and not any(p["offsets"])
+                    and p.get("global_shape") == f.tensors[name].get("shape") for name, p in held.items()))
 
 
 def _headers(paths, indexed_format: Problem | None = None) -> Problem | None:
