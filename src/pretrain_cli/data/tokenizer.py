@@ -197,6 +197,9 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def id_to_token(self, i: int) -> str | None:
+        return self._tok.id_to_token(int(i))
+
     def save(self, directory: str | os.PathLike) -> None:
         """tokenizer.json + tokenizer_config.json + special_tokens_map.json (HF layout)."""
         d = Path(directory)
