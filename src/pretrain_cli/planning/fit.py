@@ -48,8 +48,9 @@ def search(current: dict, base: Plan, replan, budget_gib: float, fewest_first: b
     no known peak, the fewest changes), and the smallest. `progress(total, what)`: an object whose `update(1)` is
     called per candidate and `close()` at the end (`commands.plan`'s line and bar), or None.
 
-    Returns {"best": entry | None, "smallest": entry | None, "tried": n, "valid": n, "skipped": n}; an entry is
-    {"change", "report", "speed"} (speed None where it does not fit). "skipped": the candidates not planned, as no
+    Returns {"best": entry | None, "smallest": entry | None, "tried": n, "valid": n, "skipped": n, "faster": entry |
+    None}; an entry is {"change", "report", "speed"} (speed None where it does not fit); "faster": the fastest layout
+    planned where it is over the budget (`faster_over_budget`; ranked by speed, not `fewest_first`). "skipped": the candidates not planned, as no
     plan of them can fit or be the smallest: a larger micro-batch of a layout already over the budget
     (`grows_with_micro_batch`), and every candidate of a split whose state alone is over the budget and over the
     least memory planned so far (`state_floor`). DeepSeek-V3 at 4,096 tokens on 224 H100 (--fit, O1 and O2
@@ -95,9 +96,31 @@ def search(current: dict, base: Plan, replan, budget_gib: float, fewest_first: b
         bar.close()
     entries = list(seen.values())
     fitting = [e for e in entries if e["speed"] is not None]
-    best = min(fitting, key=lambda e: rank(e, base.device.peak_tflops is not None, fewest_first), default=None)
+    by_speed = base.device.peak_tflops is not None
+    best = min(fitting, key=lambda e: rank(e, by_speed, fewest_first), default=None)
     smallest = min(entries, key=lambda e: (e["report"].least_gib, len(e["change"])), default=None)
-    return {"best": best, "smallest": smallest, "tried": tried, "valid": len(entries), "skipped": skipped}
+    return {"best": best, "smallest": smallest, "tried": tried, "valid": len(entries), "skipped": skipped,
+            "faster": faster_over_budget(entries, best, base.device.memory_gib) if by_speed and not fewest_first
+            else None}
+
+
+def faster_over_budget(entries: list[dict], best: dict | None, device_gib: float) -> dict | None:
+    """Why the answer is not a faster layout: of the planned layouts `entries` faster than the chosen `best` (all
+    over the budget, or `best` would be one), the fastest that fits the device's memory, `device_gib` (only the
+    margin keeps it out), else the one that needs the least (`Plan.least_gib`), with "on_device" saying which. The
+    fastest of them all may need any amount: DeepSeek-V3 on 224 H100, where the chosen tp 4 x ZeRO-3 is
+    traffic-bound, the fastest planned, without recompute, needs 1,035 GiB a device; the fastest within the 80, tp 2
+    x pp 7 x EP 16, 79.73 GiB. `search` times only what fits; the rest are timed here. None where nothing fits or
+    nothing is faster."""
+    if best is None:
+        return None
+    timed = [{**e, "speed": speed(e["report"])} for e in entries if e["speed"] is None]
+    faster = [e for e in timed if e["speed"]["rank_seconds"] < best["speed"]["rank_seconds"]]
+    on_device = [e for e in faster if e["report"].least_gib <= device_gib]
+    if on_device:
+        return {**min(on_device, key=lambda e: rank(e, True)), "on_device": True}
+    lean = min(faster, key=lambda e: (e["report"].least_gib, rank(e, True)), default=None)
+    return None if lean is None else {**lean, "on_device": False}
 
 
 def state_floor(r: Plan) -> float:
@@ -166,7 +189,7 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
            "before": {"memory_gib": as_written.memory_gib, "startup_gib": as_written.startup_gib,
                       "least_gib": as_written.least_gib, "speed": speed(as_written)},
            "after": None, "change": None, "diff": [], "eval": None, "smallest": None, "more_devices": None,
-           "machine": None, "notes": notes,
+           "machine": None, "notes": notes, "faster": None,
            "ranked_by": "speed" if by_speed else "fewest changes"}
     if best is not None:  # its speed as `plan` of the fitted file would qualify it (`plan.too_small_note`)
         out["notes"] = notes + [n for n in best["report"].notes if n.startswith(TOO_SMALL) and n not in notes]
@@ -176,6 +199,9 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
                           "speed": best["speed"], "bound": traffic_bound(best["report"], best["speed"])},
                    change={**{k: v for k, _, v in carried}, **change},
                    diff=list(carried) + diff(current, change), eval=evaluation or None)
+        if (over := found["faster"]) is not None:  # why not the fastest: its need against the budget
+            out["faster"] = {"diff": diff(current, over["change"]), "least_gib": over["report"].least_gib,
+                             "speed": over["speed"], "on_device": over["on_device"]}
         return out
     if small is not None:
         out["smallest"] = {"change": small["change"], "diff": diff(current, small["change"]),

@@ -100,7 +100,20 @@ def format_fit(f: dict) -> str:
                                                           f["after"]["speed"]))
     if f["after"].get("bound"):
         lines.append(_bound_line(f["after"]["bound"]))
+    if f.get("faster"):
+        lines.append(_faster_line(f["faster"], f["budget_gib"], dev["memory_gib"]))
     return "\n".join(lines)
+
+
+def _faster_line(x: dict, budget: float, device_gib: float) -> str:
+    """Why not a faster layout (`fit.faster_over_budget`): the fastest planned within the device's memory, else the
+    leanest faster one, its keys, speed, and need (step, start-up or an evaluation of 1, what the search compares)
+    against the budget."""
+    change = ", ".join(f"{k} {json_value(v)}" for k, _, v in x["diff"]) or "the file's layout"
+    which = (f"the fastest layout planned within the device's {_gib(device_gib)}" if x["on_device"] else
+             f"every faster layout planned needs more than the device's {_gib(device_gib)}; the leanest")
+    return (f"  not chosen: {which} ({change}), {_tok(x['speed'])}, needs {_gib(x['least_gib'])} of the "
+            f"{_gib(budget)} budget per device")
 
 
 def _bound_line(b: dict) -> str:
