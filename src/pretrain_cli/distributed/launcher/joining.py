@@ -149,9 +149,11 @@ class Watch:
     def leave(self, end: tuple[int, str] | None = None) -> None:
         """At the launcher's exit: a node whose ranks never joined says so, and how it ends (`end`, else `leaving.own_end()`):
         the others stop waiting now, and end the same way (`leaving.follow`). A node serving MASTER's store keeps it up
-        `LINGER` s more: the store ends with this launcher, and the others poll it."""
+        `LINGER` s more: the store ends with this launcher, and the others poll it. On a signal not here but in
+        `keep_up`, once Paddle has told the ranks to stop: here it held the signal handler, so the ranks were told
+        LINGER s late."""
+        code, signalled = leaving.ended_with()  # on a signal the store is kept up after the ranks stop (`keep_up`)
         if self.done and not self.gone and end is None:  # after the join: said, and a node lost meanwhile named
-            code, signalled = leaving.ended_with()  # on a signal the store is kept up after the ranks stop (`keep_up`)
             return after_join.end(self, code, not signalled and leaving.own_end()[0] == 0, describe,
                                   0.0 if signalled else LINGER, SILENCE, CAP)
         with self.lock:
@@ -160,14 +162,21 @@ class Watch:
                 self.store.put(self.key(self.me), f"left {code} {action}")
                 self.left_at = time.monotonic()
             self.gone = True
-        if self.left_at is not None and self.nodes[self.me]["serves"]:
-            time.sleep(max(0.0, self.left_at + LINGER - time.monotonic()))
+        if not signalled:
+            self._linger()
 
     def keep_up(self) -> None:
         """After Paddle stopped this node's ranks on a signal, before it stops MASTER's store: the others read this
-        node's `ended` (`after_join.keep_up`, at most LINGER s; nothing before the join, where `leave` lingered)."""
-        if self.done:
+        node's `ended` (`after_join.keep_up`, at most LINGER s) or, before the join, its `left` (`_linger`)."""
+        if self.done and self.left_at is None:
             after_join.keep_up(self, LINGER)
+        else:
+            self._linger()
+
+    def _linger(self) -> None:
+        """On the node serving MASTER's store, after this node's `left`: keep the store up until LINGER s after it."""
+        if self.left_at is not None and self.nodes[self.me]["serves"]:
+            time.sleep(max(0.0, self.left_at + LINGER - time.monotonic()))
 
     def observe(self, now: float, seen: dict | None, waiting: bool = False) -> list[tuple[int, str]]:
         """The nodes lost by now, each with why (`left`, `silent`, `master`), from one read of the beats (`seen`,
