@@ -20,15 +20,19 @@ from pretrain_cli.runtime import collective_failure
 # name -> (module, one-line help, takes an argument file + --key value overrides)
 COMMANDS = {
     "train": ("pretrain_cli.commands.train", "train from a PaddleNLP-style JSON (or YAML) argument file", True),
-    "check": ("pretrain_cli.commands.check", "validate an argument file and print the resolved run, without training", True),
-    "plan": ("pretrain_cli.commands.plan", "memory, FLOPs and time before any GPU time; --fit: the fastest layout that fits", True),
-    "train-tokenizer": ("pretrain_cli.commands.train_tokenizer", "train a byte-level BPE tokenizer on jsonl/txt files", False),
+    "check": ("pretrain_cli.commands.check", "validate an argument file and print the resolved run, without "
+                                             "training", True),
+    "plan": ("pretrain_cli.commands.plan", "memory, FLOPs and time before any GPU time; --fit: the fastest layout that "
+                                           "fits", True),
+    "train-tokenizer": ("pretrain_cli.commands.train_tokenizer", "train a byte-level BPE tokenizer on jsonl/txt "
+                                                                 "files", False),
     "preprocess": ("pretrain_cli.commands.preprocess", "tokenize jsonl/txt into .bin/.idx token files", False),
     "inspect-data": ("pretrain_cli.commands.inspect_data", "validate and summarise a .bin/.idx token file pair", False),
     "merge-data": ("pretrain_cli.commands.merge_data", "join .bin/.idx token files into one pair", False),
     "eval": ("pretrain_cli.commands.eval", "loss and perplexity of a model on a token file", False),
     "generate": ("pretrain_cli.commands.generate", "generate text from a checkpoint or HF model directory", False),
-    "export": ("pretrain_cli.commands.export", "any checkpoint-N (any layout) or final directory to a Hugging Face directory", False),
+    "export": ("pretrain_cli.commands.export", "any checkpoint-N (any layout) or final directory to a Hugging Face "
+                                               "directory", False),
 }
 
 USAGE = """usage: pretrain-cli [--debug] <command> [options]
@@ -219,7 +223,8 @@ def _main(argv: list[str] | None, prog: str | None = None) -> int:
 
 
 def _verdict(code: int, kind: str, line: str) -> int:
-    """A rank launched by scripts/launch.sh records how it ended, for the job's exit code (`distributed.launcher.job`)."""
+    """A rank launched by scripts/launch.sh records how it ended, for the job's exit code
+    (`distributed.launcher.job`)."""
     from pretrain_cli.distributed.launcher import job, launch
 
     job.record(launch.rank(), code, kind, line)

@@ -17,7 +17,8 @@ class UserError(Exception):
     """
 
     exit_code = 2
-    kind = "usage"  # what launch.sh reads from the rank's verdict (`distributed.launcher.job`): usage errors are not retried
+    # what launch.sh reads from the rank's verdict (`distributed.launcher.job`): usage errors are not retried
+    kind = "usage"
 
     @property
     def lines(self) -> list[str]:

@@ -1,10 +1,10 @@
 """The resolved run configuration: every decision about a run, made once, by `config.resolve`.
 
-A base module (it imports only the base module `run_layout`, the parallel part), so every layer below `config/` (training, planning,
-distributed, models, ops, data) reads and annotates with these frozen objects, never the user's `*Arguments`. `plan`, `check` and `train` all build the
-same `RunConfig` from the same file, so what `plan` models (attention path, recompute, sharding)
-is by construction what `train` runs. Kernel and parallel choices live here, never on the model's
-architecture config (PaddleNLP's `LlmMetaConfig` copies 19 such flags onto it).
+A base module (it imports only the base module `run_layout`, the parallel part), so every layer below `config/`
+(training, planning, distributed, models, ops, data) reads and annotates with these frozen objects, never the user's
+`*Arguments`. `plan`, `check` and `train` all build the same `RunConfig` from the same file, so what `plan` models
+(attention path, recompute, sharding) is by construction what `train` runs. Kernel and parallel choices live here, never
+on the model's architecture config (PaddleNLP's `LlmMetaConfig` copies 19 such flags onto it).
 No Paddle import: `check` and `plan` use this module without paying for one.
 """
 from __future__ import annotations
@@ -35,7 +35,8 @@ capability rule (`planning.hardware.pre_ampere` on `planning.hardware.capability
     gpu_name: str | None = None
     planned: bool = False
     candidate: bool = False
-    gpu_capability: tuple | None = None  # the driver's (major, minor) on a GPU (`runtime.gpu_capability`); else the table's
+    # the driver's (major, minor) on a GPU (`runtime.gpu_capability`); else the table's
+    gpu_capability: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,8 @@ class Loop:
     memory_metrics: bool = True  # on CPU always (`skip_memory_metrics` applies to GPUs)
     peak_tflops: float | None = None
     async_save: bool = False  # checkpoint-N/ written by a background thread (`training.async_save`)
-    hang_timeout: float | None = None  # a rank without progress this long is hung (`distributed.launcher.watchdog`); None: default
+    # a rank without progress this long is hung (`distributed.launcher.watchdog`); None: default
+    hang_timeout: float | None = None
 
 
 @dataclass(frozen=True)

@@ -73,14 +73,17 @@ class ParallelConfig:
     local_rank: int = 0
     dp_degree: int = 1
     sharding_degree: int = 1
-    sharding_stage: int = 0  # the ZeRO stage that shards something: 0 = off (when sharding_degree x cp_degree is 1), 1, 2, 3
+    # the ZeRO stage that shards something: 0 = off (when sharding_degree x cp_degree is 1), 1, 2, 3
+    sharding_stage: int = 0
     tp_degree: int = 1
     pp_degree: int = 1
     # tensor parallelism splits the embedding and LM head over the vocabulary (only when tp divides it; else
-    # they are whole on every tp rank): `distributed.strategies.semi_auto` places them so, `planning.memory` counts them so
+    # they are whole on every tp rank): `distributed.strategies.semi_auto` places them so, `planning.memory`
+    # counts them so
     vocab_parallel: bool = False
     virtual_pp_degree: int = 1  # model chunks per pipeline stage (fleet's interleaved schedule)
-    # context parallelism: each sequence split over cp ranks (rank = data_rank × cp + cp_rank; distributed.steps.context)
+    # context parallelism: each sequence split over cp ranks (rank = data_rank × cp + cp_rank;
+    # distributed.steps.context)
     cp_degree: int = 1
     # Megatron sequence parallelism with tp > 1: norms and residuals cut on the sequence over the tp group
     sequence_parallel: bool = False

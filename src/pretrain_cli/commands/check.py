@@ -110,8 +110,8 @@ MANY_EPOCHS = 4
 
 def repetition_warning(spec) -> list[str]:
     """A warning per source the run reads more than `MANY_EPOCHS` times (the data line's epochs alone, a
-    clause among others, is easily read past at 500 epochs), with what to change: more data, or the largest max_steps that reads it at most
-    `MANY_EPOCHS` times, unless a resumed run is past that step already."""
+    clause among others, is easily read past at 500 epochs), with what to change: more data, or the largest max_steps
+    that reads it at most `MANY_EPOCHS` times, unless a resumed run is past that step already."""
     from pretrain_cli.counts import count
     from pretrain_cli.data import source_name
 
@@ -129,8 +129,8 @@ def repetition_warning(spec) -> list[str]:
                  f"times)" if steps > at else "")
         out.append(f"warning: data: the run reads {source_name(s['dataset'].prefix)}'s train split "
                    f"{train.epochs_for(samples * share):.2f} times ({train.samples_per_epoch:,} samples per epoch): "
-                   f"past ~{MANY_EPOCHS} epochs repeated tokens stop helping (Muennighoff et al. 2023, data-constrained "
-                   f"scaling); give input_dir more data{fewer}")
+                   f"past ~{MANY_EPOCHS} epochs repeated tokens stop helping (Muennighoff et al. 2023, "
+                   f"data-constrained scaling); give input_dir more data{fewer}")
     return out
 
 

@@ -18,7 +18,8 @@ TAKES_RUN_OVERRIDES = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "pretrain-cli eval {--model DIR --data PREFIX | --config FILE | --model RUN_DIR} [options] [--key value ...]"
+    parser.usage = ("pretrain-cli eval {--model DIR --data PREFIX | --config FILE | --model RUN_DIR} [options] "
+                    "[--key value ...]")
     parser.add_argument("--model", default=None,
                         help="model directory (HF safetensors, a run's output_dir or checkpoint-N) or a preset name "
                              "(random init, seeded by --seed); with --config defaults to its output_dir "
@@ -282,8 +283,9 @@ def main(ns: argparse.Namespace) -> int:
         model_key = f"{ns.config}: output_dir"
         reads = (*WINDOW_KEYS, "output_dir")  # (the model is the one the file's output_dir holds)
     if ns.model is not None and ns.data is None:  # not a run's directory (an export, a download): no split of its own
-        raise UserError(f"eval: --model {ns.model} is not a run's directory (no args.json of a run), so it names no data: pass "
-                        f"--data PREFIX (a .bin/.idx token file made with this model's tokenizer), or --config CFG.json")
+        raise UserError(f"eval: --model {ns.model} is not a run's directory (no args.json of a run), so it names no "
+                        f"data: pass --data PREFIX (a .bin/.idx token file made with this model's tokenizer), or "
+                        f"--config CFG.json")
     if ns.model is None or ns.data is None:
         raise UserError("eval: pass --model and --data (or --config CFG.json)")
     model_path = resolve_model_dir(ns.model, key=model_key)

@@ -99,7 +99,8 @@ def _config_step_view(ns, tok) -> tuple:
                        changes, record="arguments")
     if spec.run.parallel.data_world_size != ranks:  # (a world the file's degrees split otherwise)
         raise UserError(f"--data_ranks {ranks}: {ns.config} runs {spec.run.parallel.data_world_size} data ranks on "
-                        f"{count(spec.run.parallel.world_size, 'process')}; pass --data_ranks {spec.run.parallel.data_world_size}")
+                        f"{count(spec.run.parallel.world_size, 'process')}; pass --data_ranks "
+                        f"{spec.run.parallel.data_world_size}")
     skipped, where = _skipped_batches(spec.run.output.output_dir) if has_output else ([], None)
     lines = spec.splits.describe()
     if where:
@@ -178,7 +179,8 @@ def main(ns: argparse.Namespace) -> int:
         if tok is None:
             raise UserError("--decode: needs --tokenizer DIR to turn ids back into text" + (f": {why}" if why else ""))
         if not 0 <= ns.decode < ds.num_documents:
-            raise UserError(f"--decode: document {ns.decode} out of range; {ds.prefix} has {count(ds.num_documents, 'document')}")
+            raise UserError(f"--decode: document {ns.decode} out of range; {ds.prefix} has "
+                            f"{count(ds.num_documents, 'document')}")
         a, b = int(ds.doc_idx[ns.decode]), int(ds.doc_idx[ns.decode + 1])
         ids = np.concatenate([ds.get(i) for i in range(a, b)]) if b > a else np.zeros(0, np.int64)
         print(tok.decode(ids))
@@ -285,8 +287,8 @@ def _directory(ns, tok) -> int:
                     if r["sidecar"] else "no sidecar")
             if r.get("special_tokens_in_text") is not None:
                 made += f"  special tokens' text: {r['special_tokens_in_text']}"
-            print(f"  {os.path.basename(r['prefix']):<{width}}  documents {r['documents']:>10}  tokens {r['tokens']:>13}  "
-                  f"{r['dtype']:<6}  {made}")
+            print(f"  {os.path.basename(r['prefix']):<{width}}  documents {r['documents']:>10}  "
+                  f"tokens {r['tokens']:>13}  {r['dtype']:<6}  {made}")
         if not info["problems"]:
             known = [r for r in rows if r["sidecar"]]
             if known:

@@ -247,8 +247,9 @@ def main(ns: argparse.Namespace) -> int:
     node = hardware.Node(ns.gpus_per_node, ns.cross_node_gbps)
     if ns.tokens is not None:  # a step's tokens as this target runs the file (its data ranks), then the steps
         tokens = _token_count(ns.tokens, ns.overrides)
+        # (--fit keeps the global batch: the same steps)
         per_step = planned.from_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, False,
-                                     peak_tflops=ns.peak_tflops, node=node).tokens_per_step  # (--fit keeps the global batch: the same steps)
+                                     peak_tflops=ns.peak_tflops, node=node).tokens_per_step
         ns.overrides = [*ns.overrides, "--max_steps", str(math.ceil(tokens / per_step))]
     if not ns.fit:
         r = planned.from_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops,

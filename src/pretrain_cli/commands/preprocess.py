@@ -10,13 +10,15 @@ SPECIAL_TOKENS_IN_TEXT = ("text", "special", "extra")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--input_path", nargs="+", required=True, help=".jsonl/.json/.txt files (plain, .gz, .zst, .bz2, .xz), .parquet files, "
-                             "directories (walked recursively) or quoted glob patterns; read in the order given, each directory and glob in sorted order")
+    parser.add_argument("--input_path", nargs="+", required=True,
+                        help=".jsonl/.json/.txt files (plain, .gz, .zst, .bz2, .xz), .parquet files, "
+                             "directories (walked recursively) or quoted glob patterns; read in the order given, each "
+                             "directory and glob in sorted order")
     parser.add_argument("--output_prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.json "
                                                                       "(PREFIX-iiiii-of-nnnnn.* with --num_tasks > 1)")
     parser.add_argument("--tokenizer", required=True, help="tokenizer directory (tokenizer.json)")
-    parser.add_argument("--json_key", default="text", help="the document field of .jsonl/.json lines, or the Parquet column "
-                                                                 "(default: %(default)s)")
+    parser.add_argument("--json_key", default="text", help="the document field of .jsonl/.json lines, or the Parquet "
+                                                           "column (default: %(default)s)")
     parser.add_argument("--append_eos", action="store_true", help="append the tokenizer's EOS to every document")
     parser.add_argument("--special_tokens_in_text", choices=SPECIAL_TOKENS_IN_TEXT, default="text",
                         help="what a special token's text inside a document becomes: text (plain text, so a "
@@ -32,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip and count bad lines, corrupt compressed tails and Parquet row groups "
                              "(default: the first one is an error)")
     parser.add_argument("--num_tasks", type=int, default=1,
-                        help="split the input files into this many tasks, one per machine or job (default: %(default)s)")
+                        help="split the input files into this many tasks, one per machine or job (default: "
+                             "%(default)s)")
     parser.add_argument("--task_index", type=int, default=0,
                         help="which task this process runs, 0..num_tasks-1: a contiguous share of the sorted "
                              "files (default: %(default)s)")

@@ -75,7 +75,8 @@ class ModelArguments:
         "mean MTP loss added to the training loss (0.3, later 0.1, in DeepSeek-V3); logged apart as mtp_loss.",
         "extension",
     )
-    hidden_dropout_prob: float = _f(0.1, "only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.", "ignored")
+    hidden_dropout_prob: float = _f(0.1, "only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.",
+                                    "ignored")
     attention_probs_dropout_prob: float = _f(
         0.1, "only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.", "ignored"
     )
@@ -95,7 +96,8 @@ class DataArguments:
     share_folder: bool = _f(
         False, "PaddleNLP builds index caches on one rank; here every rank builds its cheap index itself.", "ignored"
     )
-    data_cache: Optional[str] = _f(None, "Directory for on-disk sample-index caches (default: built in memory; it takes milliseconds).")
+    data_cache: Optional[str] = _f(None, "Directory for on-disk sample-index caches (default: built in memory; it "
+                                         "takes milliseconds).")
     sample_mode: str = _f(
         "packed",
         "packed: documents concatenated into max_seq_length+1 token samples (PaddleNLP/Megatron); "

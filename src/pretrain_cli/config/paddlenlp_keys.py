@@ -30,7 +30,8 @@ from pretrain_cli.errors import UserError
 
 # key -> (PaddleNLP's default, why it has no effect here)
 PADDLENLP_IGNORED = {
-    "model_type": ("llama", "the legacy llm/llama/run_pretrain.py's model class; here config.json's model_type decides"),
+    "model_type": ("llama", "the legacy llm/llama/run_pretrain.py's model class; here config.json's model_type "
+                            "decides"),
     "config_name": (None, "the legacy separate config path; here model_name_or_path's config.json (or preset) is it"),
     "pp_recompute_interval": (1, "the legacy pipeline recompute interval; recompute and no_recompute_layers decide"),
     "eval_accumulation_steps": (None, "HF's prediction accumulation; evaluation here computes the loss only"),
@@ -49,7 +50,8 @@ PADDLENLP_IGNORED = {
     "greater_is_better": (None, "there is no best-model selection"),
     "ckpt_quant_stage": ("O0", "checkpoint quantization; checkpoints here keep the training precision"),
     "sharding_comm_buffer_size_MB": (-1, "fleet's sharding fusion buffer size"),
-    "skip_data_intervals": (None, "PaddleNLP's skipped data ranges; spike_policy rollback skips the batches of a spike"),
+    "skip_data_intervals": (None, "PaddleNLP's skipped data ranges; spike_policy rollback skips the batches of a "
+                                  "spike"),
     "local_rank": (-1, "the launcher sets each process's rank"),
     "ddp_find_unused_parameters": (None, "every parameter takes part in each step"),
     "lazy_data_processing": (True, "token files are memory-mapped; nothing is processed ahead"),
@@ -261,7 +263,8 @@ def check_flags(args, parallel, problems, notes) -> bool:
     checkpoint's always), and `hybrid_parallel_topo_order`. Returns whether checkpoints are saved in the background:
     `unified_checkpoint_config`'s `async_save` (or `enable_all_options`) asks for it unless `async_save` is set."""
     t = args.training
-    checked = {"tensor_parallel_config": parallel.tp_degree > 1, "sharding_parallel_config": parallel.sharding_degree > 1,
+    checked = {"tensor_parallel_config": parallel.tp_degree > 1,
+               "sharding_parallel_config": parallel.sharding_degree > 1,
                "data_parallel_config": parallel.data_world_size > 1, "unified_checkpoint_config": True}
     for key, known in FLAGS.items():
         if not checked[key]:  # PaddleNLP reads no flag of an axis the run does not have

@@ -2,8 +2,8 @@
 
 Precedence: dataclass default < file < command line. A `.yaml`/`.yml` file (PaddleFormers') holds the same flat keys
 and meets the same checks (`config.yaml_file`). Unlike PaddleNLP's JSON → argv →
-argparse round trip, values are typed directly (each key's type: `config.keys`): JSON `null` means None (never the string
-"None") for an optional key and is refused for another, dicts are rejected for scalar keys, a key written twice
+argparse round trip, values are typed directly (each key's type: `config.keys`): JSON `null` means None (never the
+string "None") for an optional key and is refused for another, dicts are rejected for scalar keys, a key written twice
 is refused (json would keep the last silently), and there are no prefix abbreviations
 (`--max_seq 5` is an unknown key with a did-you-mean suggestion, not `max_seq_length=5`).
 """
@@ -130,7 +130,8 @@ def load_json(path: str) -> dict:
     except json.JSONDecodeError as e:
         raise UserError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
     if not isinstance(obj, dict):
-        raise UserError(f"{path}: the argument file must hold a JSON object {{\"key\": value, ...}}, got {type(obj).__name__}")
+        raise UserError(f"{path}: the argument file must hold a JSON object {{\"key\": value, ...}}, got "
+                        f"{type(obj).__name__}")
     return obj
 
 

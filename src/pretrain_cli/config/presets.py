@@ -93,7 +93,9 @@ def _nearest_dir(path: Path) -> str:
 
     siblings = sorted(p.name for p in path.parent.iterdir() if p.is_dir())
     close = difflib.get_close_matches(path.name, siblings, n=1, cutoff=0.6)
-    return f"; did you mean {path.parent / close[0]}?" if close else f" (in {path.parent}: {', '.join(siblings[:8]) or 'no directories'})"
+    if close:
+        return f"; did you mean {path.parent / close[0]}?"
+    return f" (in {path.parent}: {', '.join(siblings[:8]) or 'no directories'})"
 
 
 def _nearest_name(name: str) -> str | None:
@@ -232,5 +234,6 @@ def resolve_tokenizer_dir(name: str | None, model_name: str, key: str = "tokeniz
     if preset is not None:
         raise UserError(f"{key}: {name!r} is a shipped preset, which holds no tokenizer files; set {key} to a "
                         f"tokenizer directory, or train one with `pretrain-cli train-tokenizer`")
-    raise UserError(f"{key}: {name!r} is neither a local tokenizer directory nor a preset{_literal_hint(name)}; nothing is downloaded: "
-                    f"place the tokenizer files in a directory or train one with `pretrain-cli train-tokenizer`")
+    raise UserError(f"{key}: {name!r} is neither a local tokenizer directory nor a preset{_literal_hint(name)}; "
+                    f"nothing is downloaded: place the tokenizer files in a directory or train one with "
+                    f"`pretrain-cli train-tokenizer`")

@@ -33,7 +33,8 @@ class TrainingArguments:
     max_steps: int = _f(-1, "Optimizer steps to train; must be > 0.")
     num_train_epochs: float = _f(1.0, "ignored when max_steps > 0 (which is required here).", "ignored")
     seed: int = _f(42, "Seed for model init and data order.")
-    device: str = _f("gpu", "cpu, gpu (falls back to cpu with a note when Paddle has no GPU build).", choices=("cpu", "gpu"))
+    device: str = _f("gpu", "cpu, gpu (falls back to cpu with a note when Paddle has no GPU build).",
+                     choices=("cpu", "gpu"))
     # --- batches
     per_device_train_batch_size: int = _f(8, "Micro-batch per data-parallel rank.")
     per_device_eval_batch_size: int = _f(8, "Eval micro-batch per data-parallel rank.")
@@ -57,11 +58,13 @@ class TrainingArguments:
     eval_iters: int = _f(10, "Batches per evaluation (PaddleNLP hard-codes 10).", "extension")
     dataloader_num_workers: int = _f(0, "Batches read ahead by a background thread (0 = read in the training loop; "
                                         "a micro-batch takes ~0.1 ms, so this rarely matters).")
-    dataloader_drop_last: bool = _f(False, "samples are drawn from an endless index; there is never a partial batch.", "ignored")
+    dataloader_drop_last: bool = _f(False, "samples are drawn from an endless index; there is never a partial "
+                                           "batch.", "ignored")
     distributed_dataloader: bool = _f(False, "every rank reads its micro-batches itself from the memory-mapped token "
                                              "files (a data rank's tp and cp ranks and pipeline stages read the same "
                                              "ones): none reads for others and broadcasts.", "ignored")
-    ignore_data_skip: bool = _f(False, "True: on resume, start the data from the beginning instead of where it stopped.")
+    ignore_data_skip: bool = _f(False, "True: on resume, start the data from the beginning instead of where it "
+                                       "stopped.")
     # --- optimizer and schedule
     learning_rate: float = _f(5e-5, "Peak learning rate.")
     min_learning_rate: float = _f(1e-5, "Learning rate at and after decay_steps (linear and cosine).")
@@ -140,7 +143,8 @@ class TrainingArguments:
                                            "stage of `sharding` alone decides what is sharded here.", "ignored")
     data_parallel_config: str = _f("", "DP feature flags.", "ignored")
     hybrid_parallel_topo_order: Optional[str] = _f(None, "group order of the hybrid topology; here pipeline stages are "
-                                                    "outermost (the link between nodes carries the stages' activations).",
+                                                    "outermost (the link between nodes carries the stages' "
+                                                    "activations).",
                                                     "ignored")
     tensor_parallel_output: bool = _f(True, "vocab-parallel logits: with tensor parallelism the LM head is split over "
                                           "the vocabulary whenever the degree divides it.", "ignored")
@@ -158,7 +162,8 @@ class TrainingArguments:
         "[batch, heads, seq, seq] scores; on CPU pretrain-cli's block-causal kernel (faster; it keeps fp32 "
         "probabilities for backward, only of the keys each query block multiplies: about half the scores' memory). "
         "false: the math path that materialises the scores, on every device.")
-    use_fused_rms_norm: bool = _f(False, "Paddle's fused RMSNorm (GPU; reference path elsewhere). No custom op to build.")
+    use_fused_rms_norm: bool = _f(False, "Paddle's fused RMSNorm (GPU; reference path elsewhere). No custom op to "
+                                         "build.")
     use_fused_rope: bool = _f(False, "Paddle's fused rotary embedding (GPU; reference path elsewhere).")
     use_fused_linear_cross_entropy: bool = _f(
         True, "true: the LM head and cross-entropy computed together over chunks of tokens, never holding the "
@@ -179,10 +184,10 @@ class TrainingArguments:
     save_steps: int = _f(500, "Save output_dir/checkpoint-N every N optimizer steps.")
     save_total_limit: Optional[int] = _f(None, "Keep at most this many checkpoint-N directories (newest kept).")
     unified_checkpoint: bool = _f(True, "checkpoints are always unified (topology-free safetensors) here.", "ignored")
-    unified_checkpoint_config: str = _f("", "PaddleNLP's unified-checkpoint flags (an unknown one is refused, as PaddleNLP "
-                                            "does): async_save or enable_all_options saves in the background as "
-                                            "async_save: true does; the others concern PaddleNLP's master-weight "
-                                            "files and are noted as having no effect.")
+    unified_checkpoint_config: str = _f("", "PaddleNLP's unified-checkpoint flags (an unknown one is refused, as "
+                                            "PaddleNLP does): async_save or enable_all_options saves in the "
+                                            "background as async_save: true does; the others concern PaddleNLP's "
+                                            "master-weight files and are noted as having no effect.")
     save_on_each_node: bool = _f(
         False, "every rank writes its own checkpoint pieces into one shared output_dir; rank 0 publishes it "
         "(docs/CHECKPOINTS.md).", "ignored")
@@ -199,7 +204,8 @@ class TrainingArguments:
         None, "Trackers: visualdl (default), tensorboard, wandb (WANDB_MODE=offline: a local run for `wandb sync`), "
         "all (the installed ones), none; a string or a list.")
     disable_tqdm: Optional[bool] = _f(
-        None, "True: plain log lines only; False: also a progress bar with ETA; None: the bar only when stderr is a terminal."
+        None, "True: plain log lines only; False: also a progress bar with ETA; None: the bar only when stderr is a "
+              "terminal."
     )
     skip_memory_metrics: bool = _f(True, "False: add host/device memory fields to the log line (on CPU they are "
                                          "always there).")
@@ -251,7 +257,8 @@ class TrainingArguments:
         True, "On CPU: pretrain-cli's fused multi-threaded kernels (RMSNorm, RoPE, causal softmax, SwiGLU, "
         "cross-entropy), compiled with g++ on first use; false = Paddle's own ops.", "extension",
     )
-    to_static: bool = _f(False, "Compile the forward with paddle.jit.to_static (SOT); same losses, faster on CPU.", "extension")
+    to_static: bool = _f(False, "Compile the forward with paddle.jit.to_static (SOT); same losses, faster on CPU.",
+                         "extension")
     cpu_fused_optimizer: bool = _f(
         True, "On CPU, fp32, one process or plain data parallel, with cpu_fused_ops: the gradient norm, clipping and "
         "AdamW as one threaded pass over all parameters (Paddle's AdamW arithmetic, its optimizer state); "

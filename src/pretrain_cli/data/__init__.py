@@ -52,7 +52,8 @@ class DataSplits:
             if isinstance(ds, BlendedDataset):
                 req = "/".join(f"{w:.3f}" for w in ds.weights)
                 real = "/".join(f"{r:.3f}" for r in ds.realized_ratios(_RATIO_WINDOW))
-                lines.append(f"data: {name} blend requested {req}, realised {real} over the first {_RATIO_WINDOW} samples")
+                lines.append(f"data: {name} blend requested {req}, realised {real} over the first {_RATIO_WINDOW} "
+                             "samples")
         return lines
 
 

@@ -130,7 +130,8 @@ def check_token_ids(ds: IndexedDataset, vocab_size: int | None = None, vocab: st
     signed dtype can hold one: unsigned files are never scanned for it) and, given `vocab_size`, at or above it
     (`vocab` says whose vocabulary, `fix` what to do)."""
     if ds.dtype.kind != "u" and ds.min_token_id() < 0:
-        _fail(ds.prefix + ".bin", f"token id {ds.min_token_id()} < 0 ({ds.dtype.name}); these are not a tokenizer's ids")
+        _fail(ds.prefix + ".bin", f"token id {ds.min_token_id()} < 0 ({ds.dtype.name}); these are not a tokenizer's "
+                                  "ids")
     if vocab_size is not None and ds.max_token_id() >= vocab_size:
         raise UserError(f"{ds.prefix}.bin: max token id {ds.max_token_id()} >= {vocab or f'vocab_size {vocab_size}'}; "
                         f"{fix}")
@@ -187,7 +188,8 @@ def _open_mmidx(prefix: str) -> IndexedDataset:
     n, d = struct.unpack("<QQ", header[18:34])
     want = HEADER_BYTES + 12 * n + 8 * d
     if size not in (want, want + n):  # Megatron-core may append int8 sequence_modes[N]
-        _fail(idx_path, f"truncated or corrupt: {size} bytes, expected {want} for {n} sequences and {d} doc_idx entries")
+        _fail(idx_path, f"truncated or corrupt: {size} bytes, expected {want} for {n} sequences and {d} doc_idx "
+                        "entries")
     dtype = np.dtype(DTYPE_CODES[code])
     sizes = np.memmap(idx_path, np.int32, "r", HEADER_BYTES, (n,)) if n else np.zeros(0, np.int32)
     pointers = np.memmap(idx_path, np.int64, "r", HEADER_BYTES + 4 * n, (n,)) if n else np.zeros(0, np.int64)
@@ -241,7 +243,8 @@ def _open_legacy(prefix: str) -> IndexedDataset:
         _fail(idx_path, f"negative length in 'lens' at sequence {int(np.argmax(raw_lens < 0))}")
     lens, docs = raw_lens.astype(np.int32), raw_docs.astype(np.int64)
     itemsize = data.dtype.itemsize
-    pointers = np.concatenate(([0], np.cumsum(lens[:-1], dtype=np.int64) * itemsize)) if lens.size else np.zeros(0, np.int64)
+    pointers = (np.concatenate(([0], np.cumsum(lens[:-1], dtype=np.int64) * itemsize)) if lens.size
+                else np.zeros(0, np.int64))
     _check_doc_idx(idx_path, docs, lens.shape[0])
     total = int(lens.sum(dtype=np.int64))
     if total != data.shape[0]:

@@ -147,8 +147,8 @@ class IndexedDatasetWriter:
     def add_dataset(self, ds) -> None:
         """Append a whole token file (merge): its tokens, sizes and document ends shifted by ours."""
         if ds.dtype != self.dtype:
-            raise UserError(f"{ds.prefix}: dtype {ds.dtype.name} differs from {self.dtype.name} of the files before it; "
-                            "token files can only be joined if they share a dtype (re-run preprocess)")
+            raise UserError(f"{ds.prefix}: dtype {ds.dtype.name} differs from {self.dtype.name} of the files before "
+                            "it; token files can only be joined if they share a dtype (re-run preprocess)")
         if self._last_end != self.num_sequences:
             self.end_document()
         for s in range(0, ds.num_tokens, CHUNK):

@@ -38,7 +38,8 @@ def summarize(ds, tokenizer=None) -> dict:
         if eos is not None:
             nonempty = doc_len > 0
             last = seq_start[doc_idx[1:]][nonempty] - 1  # element index of each document's last token
-            ends = sum(int((np.asarray(ds.data[last[s : s + _CHUNK]]) == eos).sum()) for s in range(0, last.size, _CHUNK))
+            ends = sum(int((np.asarray(ds.data[last[s : s + _CHUNK]]) == eos).sum())
+                       for s in range(0, last.size, _CHUNK))
             out["eos_rate"] = ends / max(1, int(nonempty.sum()))
     return out
 
@@ -52,7 +53,8 @@ def summarize_directory(directory: str, tokenizer=None, tokenizer_dir: str = "")
 
     prefixes = token_prefixes(directory)
     if not prefixes:
-        raise UserError(f"{directory}: holds no .idx or _idx.npz token files; pass a directory of token files or a PREFIX")
+        raise UserError(f"{directory}: holds no .idx or _idx.npz token files; pass a directory of token files or a "
+                        "PREFIX")
     rows, items, datasets = [], [], []
     for p in prefixes:
         ds = open_token_file(p)

@@ -138,7 +138,8 @@ class _SplitBase:
         if not self.cache_dir:
             return self._build_epoch(epoch)
         key = hashlib.sha1(
-            f"{self.mode}|{_source_stamp(self.source)}|{self.lo}:{self.hi}|{self.seq_len}|{self.seed}|{self.name}|{epoch}".encode()
+            f"{self.mode}|{_source_stamp(self.source)}|{self.lo}:{self.hi}|{self.seq_len}|{self.seed}|{self.name}|"
+            f"{epoch}".encode()
         ).hexdigest()[:20]
         d = Path(self.cache_dir)
         files = [d / f"{key}_{k}.npy" for k in range(3)]
@@ -173,7 +174,8 @@ class PackedDataset(_SplitBase):
         self.samples_per_epoch = max(0, (self.num_tokens - 1) // self.seq_len)
         if self.samples_per_epoch == 0:
             raise UserError(f"{self.source.prefix}: the {self.name} split has {self.num_tokens} tokens, fewer than one "
-                            f"sample of max_seq_length+1 = {self.seq_len + 1}; use more data or a shorter max_seq_length")
+                            f"sample of max_seq_length+1 = {self.seq_len + 1}; use more data or a shorter "
+                            "max_seq_length")
 
     def _build_epoch(self, epoch: int) -> tuple:
         rng = _rng(self.seed, epoch, self.name)

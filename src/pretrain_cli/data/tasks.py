@@ -92,7 +92,8 @@ def load_progress(prefix: str, files: list, settings: dict, note=lambda line: No
         diff = sorted(k for k in set(settings) | set(rec.get("settings", {}))
                       if settings.get(k) != rec.get("settings", {}).get(k))
         why = f"made with other settings ({', '.join(diff)})"
-    elif not 0 < rec.get("done_files", 0) <= len(files) or files_sha256(files[: rec["done_files"]], settings) != rec.get("done_sha256"):
+    elif (not 0 < rec.get("done_files", 0) <= len(files)
+          or files_sha256(files[: rec["done_files"]], settings) != rec.get("done_sha256")):
         why = "its finished files differ from this task's inputs (renamed, resized or modified)"
     if why:
         note(f"preprocess: {path}: {why}; starting this task over")

@@ -90,7 +90,8 @@ class Tokenizer:
         """sha256 of what decides the ids `encode` gives (`ids_form`): one for the forms of one tokenizer whose
         fingerprints differ (GPT-2's vocab.json + merges.txt and its tokenizer.json flag its added token's
         `normalized` differently), so a resume (`training.tokenizer_lineage`) and token files' sidecars
-        (`data.token_file_tokenizers.tokenizer_mismatches`) judge "the same tokenizer" alike. Parses the whole serialisation."""
+        (`data.token_file_tokenizers.tokenizer_mismatches`) judge "the same tokenizer" alike. Parses the whole
+        serialisation."""
         if getattr(self, "_ids_fingerprint", None) is None:
             form = json.dumps(ids_form(self.spec()), sort_keys=True, ensure_ascii=False)
             self._ids_fingerprint = hashlib.sha256(form.encode("utf-8")).hexdigest()

@@ -227,7 +227,8 @@ def train_tokenizer(ns) -> int:
     # --max_doc_num takes the first documents in file order: said, with how far into the files that reached
     cap = f" (the first, from {reader.files_read} of {count(len(reader.files), 'file')})" if reader.exhausted else ""
     print(f"train-tokenizer: {count(reader.documents, 'document')}{cap} -> {out} (vocab {loaded.vocab_size}, "
-          f"pad={roles['pad']} bos={roles['bos']} eos={roles['eos']} unk={roles['unk']}{extra}, fingerprint {loaded.fingerprint[:12]})")
+          f"pad={roles['pad']} bos={roles['bos']} eos={roles['eos']} unk={roles['unk']}{extra}, fingerprint "
+          f"{loaded.fingerprint[:12]})")
     if loaded.vocab_size < ns.vocab_size:  # the trainer ran out of frequent pairs: said, as a model sized to the
         lower = " or --min_frequency 1" if ns.min_frequency > 1 else ""  # number asked for would not match it
         print(f"note: --vocab_size {ns.vocab_size}: the corpus gave {loaded.vocab_size} tokens: every merge seen at "

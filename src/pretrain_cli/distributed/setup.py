@@ -1,18 +1,25 @@
 """Joining the process group and choosing the `Strategy` for a resolved `ParallelConfig`.
 
-| layout | strategy | engine |
-|---|---|---|
-| one process | `Strategy` | none |
-| data parallel | `DataParallel` | `paddle.DataParallel` |
-| `sharding: stage1`, no TP | `FleetZero1` | fleet `DygraphShardingOptimizer` |
-| `sharding: stage2/3`, or `tensor_parallel_degree > 1` (with any stage) | `SemiAuto` | `dist.shard_layer` + `dist.shard_optimizer` |
-| `pipeline_parallel_degree > 1` (with tp, sp, cp, dp, stage1/2) | `Pipeline` (`hybrid.Hybrid` + the 1F1B schedule) | fleet `PipelineLayer` + `PipelineParallel`; the layout steps |
-| `tensor_parallel_degree > 1` + `sequence_parallel` or `context_parallel_degree` (with dp, stage1/2) | `TensorParallel` (`tensor_engine`) | fleet's groups; the layout steps |
-| `context_parallel_degree > 1` (with dp) | `DataParallel` + `context.ContextSide` | our attention over the cp group + `paddle.DataParallel` |
-| `expert_parallel_degree > 1` (with dp; `sharding: stage1`; a pipeline, tp or both, or cp, also with `sharding: stage1/2`) | `expert_strategy.ExpertParallel` (`ExpertZero1`, `ExpertPipeline`, `ExpertTensor`) | the experts over groups of data ranks (of each stage, cp and tp position), stepped by the AdamW itself; the rest averaged over them or through fleet's ZeRO-1/2 (fleet's 1F1B; the tp step on fleet's groups) |
-| ... with `sharding: stage1/2` | `FleetZero1` + `context.ContextSide` | fleet `DygraphShardingOptimizer` over cp × sharding (stage2: unowned gradients released after each update) |
+Each layout's strategy (and the engine under it):
 
-The model side of every layout is `distributed.steps.order` (tp, cp, ep, recompute, pp in that order); the table above
+- one process: `Strategy` (none);
+- data parallel: `DataParallel` (`paddle.DataParallel`);
+- `sharding: stage1`, no TP: `FleetZero1` (fleet `DygraphShardingOptimizer`);
+- `sharding: stage2/3`, or `tensor_parallel_degree > 1` (with any stage): `SemiAuto` (`dist.shard_layer` +
+  `dist.shard_optimizer`);
+- `pipeline_parallel_degree > 1` (with tp, sp, cp, dp, stage1/2): `Pipeline` (`hybrid.Hybrid` + the 1F1B schedule;
+  fleet `PipelineLayer` + `PipelineParallel`; the layout steps);
+- `tensor_parallel_degree > 1` + `sequence_parallel` or `context_parallel_degree` (with dp, stage1/2):
+  `TensorParallel` (`tensor_engine`; fleet's groups; the layout steps);
+- `context_parallel_degree > 1` (with dp): `DataParallel` + `context.ContextSide` (our attention over the cp group +
+  `paddle.DataParallel`); with `sharding: stage1/2`, `FleetZero1` + `context.ContextSide` (fleet
+  `DygraphShardingOptimizer` over cp × sharding; stage2: unowned gradients released after each update);
+- `expert_parallel_degree > 1` (with dp; `sharding: stage1`; a pipeline, tp or both, or cp, also with
+  `sharding: stage1/2`): `expert_strategy.ExpertParallel` (`ExpertZero1`, `ExpertPipeline`, `ExpertTensor`): the
+  experts over groups of data ranks (of each stage, cp and tp position), stepped by the AdamW itself; the rest
+  averaged over them or through fleet's ZeRO-1/2 (fleet's 1F1B; the tp step on fleet's groups).
+
+The model side of every layout is `distributed.steps.order` (tp, cp, ep, recompute, pp in that order); the list above
 is the data side each engine adds.
 """
 from __future__ import annotations
@@ -46,8 +53,8 @@ def init_process_group(parallel: ParallelConfig, seed: int = 0, loop: Loop | Non
     job.joined(parallel.rank, False, progress.allowance("start-up", loop.hang_timeout if loop else None, 0.0))
     try:
         store.join_global(parallel.rank)  # without the fixed waits of Paddle's store client (its docstring)
-        fleet_engine = parallel.engine in ("pipeline", "fleet_zero1", "tensor_parallel") or (parallel.engine == "context_parallel"
-                                                                          and parallel.sharding_stage in (1, 2))
+        fleet_engine = parallel.engine in ("pipeline", "fleet_zero1", "tensor_parallel") or (
+            parallel.engine == "context_parallel" and parallel.sharding_stage in (1, 2))
         if fleet_engine:  # fleet's engines: its hybrid groups, from the topology
             pipeline = pipeline_configs(loop, parallel) if parallel.engine == "pipeline" else None
             Topology.of(parallel).init_fleet(seed, for_device(device), pipeline)

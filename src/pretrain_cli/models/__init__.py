@@ -1,4 +1,5 @@
-"""Single-device causal LMs (Llama, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE) built from an HF config.json; `build_model` is the entry point.
+"""Single-device causal LMs (Llama, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE) built from an HF config.json; `build_model` is
+the entry point.
 
 Importing the package does not import Paddle, so `models.config`, `models.families` and
 `models.flops` stay cheap for `check` and `plan`; the layers load on first use (after

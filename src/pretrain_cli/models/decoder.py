@@ -1,8 +1,8 @@
 """Pre-norm decoder stack and the causal-LM head shared by every family.
 
 Parameter names equal HF's (`model.layers.N.self_attn.q_proj.weight`, `lm_head.weight`),
-so conversion is only a transpose of 2-D Linear weights (ARCHITECTURE.md facts: HF names and layout). Families differ only in which
-biases exist and whether q/k heads are RMS-normalised (`families.FAMILIES`).
+so conversion is only a transpose of 2-D Linear weights (ARCHITECTURE.md facts: HF names and layout). Families differ
+only in which biases exist and whether q/k heads are RMS-normalised (`families.FAMILIES`).
 
 Packed samples under `attention_mask_type: document` also carry `position_ids` (RoPE positions that
 restart at each document) and `doc_start` (where each token's document begins); without them the

@@ -23,7 +23,8 @@ class Family:
     # Mixture-of-Experts: sparse layers (`ModelConfig.is_sparse_layer`) hold `models.moe.SparseMoeBlock`
     moe: bool = False
     shared_expert: bool = False  # Qwen2-MoE: + sigmoid(shared_expert_gate(x)) * shared_expert(x)
-    hf_router_bias: bool = False  # HF's model stores `mlp.gate.e_score_correction_bias` (DeepSeek-V3); else not exported
+    # HF's model stores `mlp.gate.e_score_correction_bias` (DeepSeek-V3); else not exported
+    hf_router_bias: bool = False
     # tensors HF keeps in fp32 whatever the model's dtype (`_keep_in_fp32_modules_strict` of transformers 5.x, the test
     # extra's: DeepSeek-V3 its router weight and bias, V2 its router weight): exported fp32 always
     hf_fp32: tuple = ()

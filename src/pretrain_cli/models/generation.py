@@ -76,8 +76,8 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
 
     `eos_token_id`: one id or several (transformers' `generation_config.eos_token_id` may be a list); a row
     that produced one keeps emitting it; the context is cut to the last `max_length` tokens (default
-    `max_position_embeddings`; `context_window` gives the length a run trained past it). Same seed → same tokens; `use_cache=False` re-runs the prefix each step (the
-    reference the cache is tested against).
+    `max_position_embeddings`; `context_window` gives the length a run trained past it). Same seed → same tokens;
+    `use_cache=False` re-runs the prefix each step (the reference the cache is tested against).
     """
     import paddle
 

@@ -29,7 +29,8 @@ from pretrain_cli.models.layers import CoreAttention, LayerKV, RMSNorm, linear
 from pretrain_cli.models.rope_scaling import mla_softmax_scale
 from pretrain_cli.ops.kernels import Kernels
 
-LATENT_NORM_EPS = 1e-6  # transformers builds q_a_layernorm / kv_a_layernorm with RMSNorm's default eps, not the config's
+# transformers builds q_a_layernorm / kv_a_layernorm with RMSNorm's default eps, not the config's
+LATENT_NORM_EPS = 1e-6
 
 
 def deinterleave(x):

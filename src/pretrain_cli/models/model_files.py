@@ -41,8 +41,8 @@ def find_weights(src_dir, use: str = "inference") -> list[str]:
     are refused naming them, as are weights under other names only (model_ema.safetensors: read beside another
     file, a tensor both hold came silently from the last). A directory holding both model.safetensors and the
     index is refused naming both, not read as transformers reads it (model.safetensors first): our writer never
-    leaves both (`convert.write_hf_dir` removes a model's files first), so both are two models mixed (a sharded one copied
-    over a single-file one: cp and rsync remove nothing), and which is this one the files cannot tell. One of our
+    leaves both (`convert.write_hf_dir` removes a model's files first), so both are two models mixed (a sharded one
+    copied over a single-file one: cp and rsync remove nothing), and which is this one the files cannot tell. One of our
     checkpoints without its checkpoint.index.json (`_ours_unindexed`) gets `storage.intact`'s line, as `export`
     does, ended as `advice_for` says for `use`; for inference one process's whose model.safetensors records each
     tensor whole is read from that file instead (`_read_without_index`; `lost_index_note` says so). UserError

@@ -25,8 +25,8 @@ Interface (what the decoder, the balance losses, expert parallelism and other ro
   token counts (fp32 `[experts]`, after dropping) and the dropped assignments; the balance losses
   (`models.moe_loss`) read the records of all sparse layers. It also sums its counts since the last log
   (`block.load`, `block.dropped`: `moe_loss.read_load`) and since the last bias update (`block.step_load`):
-  fp32 tensors, never read on the host inside a step, counted in training mode only (not evaluation's). Dispatch (sort by
-  expert, run the experts, combine) is `dispatch_local` here, or the kernel table's `moe_dispatch` the model is
+  fp32 tensors, never read on the host inside a step, counted in training mode only (not evaluation's). Dispatch (sort
+  by expert, run the experts, combine) is `dispatch_local` here, or the kernel table's `moe_dispatch` the model is
   built with: expert parallelism's exchanges rows between ranks, tensor parallelism's runs sliced experts, with the
   same inputs and outputs (`distributed.steps.order.build_kernels`).
 

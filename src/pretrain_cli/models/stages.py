@@ -1,7 +1,8 @@
 """How the decoder's layers divide into consecutive pipeline stages: the one split `plan` models and
 `distributed.strategies.pipeline` runs. Arithmetic only (no ranks): stage s holds layers bounds[s] .. bounds[s+1]-1
-(under virtual stages, chunks of them interleaved over the stages: `stage_layers`), with the embedding on the first stage and the final norm, LM head and loss on the last (and the multi-token
-prediction modules, `model.layers.{num_hidden_layers + k}`, after the last decoder layer)."""
+(under virtual stages, chunks of them interleaved over the stages: `stage_layers`), with the embedding on the first
+stage and the final norm, LM head and loss on the last (and the multi-token prediction modules,
+`model.layers.{num_hidden_layers + k}`, after the last decoder layer)."""
 from __future__ import annotations
 
 import functools

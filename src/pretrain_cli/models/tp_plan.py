@@ -1,8 +1,8 @@
 """The tensor-parallel plan: which parameter is split on which dimension, by HF name (Megatron's split).
 
-One plan, read by both tensor-parallel forms (`distributed.steps.tensor_parallel.split_layers`, the `tp` layout step, and
-`distributed.strategies.semi_auto`'s placements), by the checkpoint's pieces (each slice's box is its block of the tensor on
-this dim) and by `planning.memory` (what a tp rank holds). Arithmetic only, like `models.stages`: no ranks.
+One plan, read by both tensor-parallel forms (`distributed.steps.tensor_parallel.split_layers`, the `tp` layout step,
+and `distributed.strategies.semi_auto`'s placements), by the checkpoint's pieces (each slice's box is its block of the
+tensor on this dim) and by `planning.memory` (what a tp rank holds). Arithmetic only, like `models.stages`: no ranks.
 
 Paddle's `nn.Linear` weight is `[in, out]`: a column-parallel projection (q/k/v, multi-head latent attention's
 q_b/kv_b, gate/up) is split on its output, Paddle dim 1, its bias on dim 0; a row-parallel one (o, down) on its

@@ -69,8 +69,9 @@ def rope_fused(q, k, cos, sin, position_ids=None):  # pragma: no cover - GPU onl
     seq_len, head_dim = cos.shape
     cos = cos.reshape([1, seq_len, 1, head_dim]).astype(q.dtype)  # [1, seq_len, 1, head_dim]
     sin = sin.reshape([1, seq_len, 1, head_dim]).astype(q.dtype)  # [1, seq_len, 1, head_dim]
-    # use_neox_rotary_style=False is front-half/back-half pairing = HF rotate-half (ARCHITECTURE.md facts: fused RoPE layout);
-    # position_ids [bsz, seq_len] picks each token's table row (packed documents restart at 0)
+    # use_neox_rotary_style=False is front-half/back-half pairing = HF rotate-half
+    # (ARCHITECTURE.md facts: fused RoPE layout); position_ids [bsz, seq_len] picks each token's table row (packed
+    # documents restart at 0)
     q_out, k_out, _ = fused_rotary_position_embedding(q, k, None, sin=sin, cos=cos, position_ids=position_ids,
                                                       use_neox_rotary_style=False)
     return q_out, k_out

@@ -103,8 +103,8 @@ def rope_reference(q, k, cos, sin, position_ids=None):
     """HF rotate-half RoPE in fp32 as one per-position GEMM: `x·cos + rotate_half(x)·sin = x @ M[p]`.
 
     M[p] = diag(cos_p) + R·diag(sin_p) (R = the rotate-half matrix) is built once per cos/sin table
-    (`_rope_mats`) and shared by q, k, every layer and every step. Two broadcast multiplies, an add and slice/concat per tensor (and their
-    backward, SliceGrad being the worst) become one small GEMM each way: ~2.5× faster on CPU,
+    (`_rope_mats`) and shared by q, k, every layer and every step. Two broadcast multiplies, an add and slice/concat per
+    tensor (and their backward, SliceGrad being the worst) become one small GEMM each way: ~2.5× faster on CPU,
     equal to the elementwise form to ~5e-7 (docs/PERFORMANCE.md).
     With `position_ids` (positions restarting per packed document) the rows differ per sample, so the
     elementwise form runs, with `rotate_half(x) = x @ R` (no slice/concat either).

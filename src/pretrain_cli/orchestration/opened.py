@@ -175,7 +175,8 @@ def tokenizer_ids(model_cfg, tokenizer) -> tuple[object, list[str]]:
         if have is not None:
             replaced.append(f"{key} {ours} ({tokenizer.special_tokens.get(role)}) for {have}")
     notes = [f"token ids: the run's config.json takes the tokenizer's {', '.join(replaced)} (the model's), the ids "
-             f"its token files hold, so transformers' generate stops where pretrain-cli generate does"] if replaced else []
+             f"its token files hold, so transformers' generate stops where pretrain-cli generate does"
+             ] if replaced else []
     return (replace(model_cfg, **changes) if changes else model_cfg), notes
 
 

@@ -227,9 +227,9 @@ def kept_problems(problems: list[str], given, target, command: str) -> list[str]
 # what else `eval` reads of a run's settings: its windows of --data; of a run's split (`--config`, a run's --model)
 # the whole data side `prepare` opens, the model and tokenizer it checks, its eval batches and output_dir's model
 WINDOW_KEYS = ("max_seq_length", "attention_mask_type", "reset_position_ids")
-SPLIT_KEYS = (*WINDOW_KEYS, "input_dir", "split", "data_impl", "skip_warmup", "share_folder", "data_cache", "sample_mode",
-              "seed", "per_device_eval_batch_size", "eval_iters", "output_dir", "device", "model_name_or_path",
-              "tokenizer_name_or_path", "num_hidden_layers", "vocab_size")
+SPLIT_KEYS = (*WINDOW_KEYS, "input_dir", "split", "data_impl", "skip_warmup", "share_folder", "data_cache",
+              "sample_mode", "seed", "per_device_eval_batch_size", "eval_iters", "output_dir", "device",
+              "model_name_or_path", "tokenizer_name_or_path", "num_hidden_layers", "vocab_size")
 
 
 def no_effect(overrides: list[str], command: str, reads: tuple = ()) -> None:

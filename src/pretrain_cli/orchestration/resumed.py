@@ -316,7 +316,8 @@ def eval_repeats(run: RunConfig, splits) -> list[str]:
             kept = split == "valid" and any(n.startswith("eval: eval_iters ") and " keeps the " in n for n in run.notes)
             fix = ("as the checkpoint's run did (its eval windows are kept, above, so the curve goes on comparable)"
                    if kept else f"eval_iters {once} reads each once" if once else
-                   f"even eval_iters 1 reads {per * lp.eval_batch * world} samples here ({'test_iters 10 x ' * (per > 1)}"
+                   f"even eval_iters 1 reads {per * lp.eval_batch * world} samples here "
+                   f"({'test_iters 10 x ' * (per > 1)}"
                    f"per_device_eval_batch_size {lp.eval_batch} x {ranks}): give the {split} split a larger share of "
                    f"`split`, or lower per_device_eval_batch_size")
             notes.append(f"eval: the {split} split holds {count(len(ds), 'sample')}, fewer than {read} x "

@@ -62,7 +62,8 @@ def eta_lines(r, cpu_note: str = "") -> list[str]:
     plus the time the step's traffic takes over its links: `speed.speed`'s step, the one `plan --fit`'s time line
     gives the same layout; then that time as the mfu `train` would log (`Plan.logged_mfu`). At `--measured_mfu`
     (`at_measured_mfu`) the model FLOPs at it alone. No time for a layout that does not fit device memory: it
-    cannot start, as --fit says of such a file. Every part is in minutes when the total is under an hour, else in hours."""
+    cannot start, as --fit says of such a file. Every part is in minutes when the total is under an hour, else in
+    hours."""
     d, par, f = r.device, r.parallel, r.flops_per_token
     if not r.fits:
         return [_no_time(r)]

@@ -86,8 +86,8 @@ def candidates(current: dict, global_batch: int, gpus: int, seq_len: int = 0, ex
 def lean_layouts(current: dict, gpus: int, seq_len: int = 0, experts: int = 0, per_node: int = 0) -> list[dict]:
     """Each layout of `_splits` on `gpus` devices at its least memory: micro-batch 1, full recompute, flash
     attention, every data rank keeping the file's samples a step (micro-batch × accumulation: the global batch grows
-    with the data ranks). What the fewest-devices search (`suggestions.more_devices`) tries at a device count: whether any
-    layout fits there, which `suggestions.minimal` then strips of the keys it does not need."""
+    with the data ranks). What the fewest-devices search (`suggestions.more_devices`) tries at a device count: whether
+    any layout fits there, which `suggestions.minimal` then strips of the keys it does not need."""
     per_rank = current["per_device_train_batch_size"] * current["gradient_accumulation_steps"]
     out = []
     for _, keys in _splits(current, gpus, seq_len, experts, per_node):

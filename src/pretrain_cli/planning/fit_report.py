@@ -72,8 +72,9 @@ def format_fit(f: dict) -> str:
             change = ", ".join(f"{k} {json_value(v)}" for k, v in m["change"].items()) or "no key changed"
             per = dev["links"]["gpus_per_node"]
             nodes = f" ({m['gpus'] // per} nodes of {per})" if m["gpus"] > per else ""
-            lines.append(f"  or more devices: --gpus {m['gpus']}{nodes} with {change} -> {_gib(m['memory_gib'])} per device "
-                         f"(the global batch grows with the data ranks; re-run --fit with --gpus {m['gpus']})")
+            lines.append(f"  or more devices: --gpus {m['gpus']}{nodes} with {change} -> {_gib(m['memory_gib'])} "
+                         f"per device (the global batch grows with the data ranks; re-run --fit with --gpus "
+                         f"{m['gpus']})")
         return "\n".join(lines)
     if not f["diff"]:
         lines.append(f"  no change: the file is already the fastest layout that fits ({before})"

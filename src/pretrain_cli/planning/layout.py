@@ -58,8 +58,9 @@ def _explain(par: ParallelConfig, groups: dict[str, list], gpus_per_node: int) -
 def tp_inside_node(tp: int, world: int, per_node: int) -> bool:
     """Whether tensor-parallel groups of `tp` ranks in a world of `world` stay inside nodes of `per_node`, assuming
     the rank rule's order: tp (fleet's mp) innermost in `Topology`'s `AXES`, so a tp group is consecutive ranks, and
-    the groups stay inside nodes where the world is one node or `tp` divides `per_node`. The searches (`fit_candidates._splits`, `suggestions.more_devices`) propose only such layouts: tp all-reduces
-    every layer, and over the cross-node link it is never the layout to suggest while another fits."""
+    the groups stay inside nodes where the world is one node or `tp` divides `per_node`. The searches
+    (`fit_candidates._splits`, `suggestions.more_devices`) propose only such layouts: tp all-reduces every layer, and
+    over the cross-node link it is never the layout to suggest while another fits."""
     return world <= per_node or per_node % tp == 0
 
 

@@ -55,10 +55,12 @@ class Setup:
     pp: int = 1  # pipeline stages (engine "pipeline"): each device holds one stage
     micro_batches: int = 1  # gradient_accumulation_steps: the micro-batches 1F1B keeps in flight (at most pp)
     vpp: int = 1  # virtual_pp_degree: each stage runs vpp model chunks under fleet's interleaved 1F1B (`in_flight`)
-    cp: int = 1  # context parallelism (distributed.steps.context): `seq_len` is then one rank's share, max_seq_length / cp
+    # context parallelism (distributed.steps.context): `seq_len` is then one rank's share, max_seq_length / cp
+    cp: int = 1
     sp: bool = False  # sequence parallelism with tp (distributed.steps.sequence_parallel): norms and residuals ÷ tp
     ep: int = 1  # expert parallelism (distributed.steps.expert_parallel): each rank holds 1/ep of the routed experts
-    data_ranks: int = 1  # dp × sharding: ranks whose gradients are all-reduced (on CPU over gloo: `head_backward_bytes`)
+    # dp × sharding: ranks whose gradients are all-reduced (on CPU over gloo: `head_backward_bytes`)
+    data_ranks: int = 1
 
     @property
     def vocab_tp(self) -> int:

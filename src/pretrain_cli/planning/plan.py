@@ -119,8 +119,8 @@ def _setup(run: RunConfig, model_cfg, gpu: bool, baseline_bytes: float) -> Setup
         device="gpu" if gpu else "cpu", baseline_bytes=baseline_bytes, dp_buffers=p.traits.dp_buffers,
         distributed_tensors=p.traits.distributed_tensors,
         document_mask=run.data.document_mask, reset_positions=run.data.reset_position_ids,
-        fused_loss=k.fused_loss, pp=p.pp_degree, vpp=p.virtual_pp_degree, micro_batches=run.loop.grad_accum, cp=p.cp_degree,
-        sp=p.sequence_parallel, ep=p.ep_degree, data_ranks=p.data_world_size)
+        fused_loss=k.fused_loss, pp=p.pp_degree, vpp=p.virtual_pp_degree, micro_batches=run.loop.grad_accum,
+        cp=p.cp_degree, sp=p.sequence_parallel, ep=p.ep_degree, data_ranks=p.data_world_size)
 
 
 def peak(run: RunConfig, device: Device, peak_tflops: float | None = None) -> tuple[float | None, str]:

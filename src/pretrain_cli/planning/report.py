@@ -41,7 +41,8 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class FlopsPerToken:
-    """`model`: the MFU basis; `hardware`: with the recomputed forward; `paddlenlp`: PaddleNLP's formula."""
+    """`model`: the MFU basis; `hardware`: with the recomputed forward, less the routed assignments a MoE run's
+    capacity drops at balance (`experts.kept_share`); `paddlenlp`: PaddleNLP's formula."""
 
     model: float
     hardware: float
@@ -131,6 +132,7 @@ class Plan:
     layout: dict | None = None  # planning.layout.explain
     schedule: str = ""  # warmup_stable_decay's phases (`Schedule.describe`); other schedules are not printed
     mtp: dict = dataclasses.field(default_factory=dict)  # the multi-token prediction modules' share (`plan.mtp_share`)
+    capacity: dict = dataclasses.field(default_factory=dict)  # a MoE run's, per expert (`experts.capacity_plan`)
     # per pipeline stage (one without a pipeline): its decoder layers, sparse ones, TFLOPs and traffic per device per
     # step, from its own layers (`speed.stage_flops_per_token`, `speed.stage_traffic`); the speed model reads them
     stages: tuple = ()
@@ -201,7 +203,8 @@ def _data_ranks(par: PlannedLayout) -> str:
     n, dp, deg, stage = par.data_ranks, par.dp, par.sharding_degree, par.sharding_stage
     if not stage:
         return count(n, "data rank")
-    groups = f"one ZeRO stage-{stage} group of {deg}" if dp == 1 else f"{dp} replicas of a ZeRO stage-{stage} group of {deg}"
+    group = f"ZeRO stage-{stage} group of {deg}"
+    groups = f"one {group}" if dp == 1 else f"{dp} replicas of a {group}"
     return f"{count(n, 'data rank')} ({groups})"
 
 
@@ -221,7 +224,8 @@ def cpu_eta_note(r: Plan) -> str:
     against, unless a peak was given), and the MFU, the fp32 default unless --mfu gave one. No bound either way: a
     small model's GEMMs reach 0.74-0.82 of that peak on 2 Xeon cores, under half the time the default's ETA says."""
     tell = "train's logged mfu as --measured_mfu times it"
-    if not r.device.peak_source.startswith(hardware.ASSUMED_PEAK):  # (a peak given: --peak_tflops, the file's peak_tflops)
+    # (a peak given: --peak_tflops, the file's peak_tflops)
+    if not r.device.peak_source.startswith(hardware.ASSUMED_PEAK):
         return f"; cpu: MFU {r.mfu:.2f} is an assumption: {tell}"
     moe = ", a MoE's CPU default: docs/PLAN.md" if r.model.experts and not r.mfu_given else ""
     return f"; cpu: an estimate, not a bound (peak and MFU assumed{moe}): {tell}"
@@ -258,6 +262,12 @@ def format_report(r: Plan) -> str:
         lines.append(f"  active per token: {_si(p['active'])} [{p['active']:,}] (the top-k routed experts, the router "
                      f"and any shared expert: what FLOPs count); routed experts {_si(p['experts'])}"
                      + (f", 1/{par.ep} on each rank (expert parallelism)" if par.ep > 1 else ""))
+    if r.capacity:  # what a micro-batch's experts compute, as the run's experts line says it, and what is planned
+        c = r.capacity
+        kept = ("its balanced share (balanced routing" + (", under the capacity)" if c["capacity_factor"] else ")")
+                if c["kept_share"] >= 1 else f"the capacity, {c['kept_share']:.0%} of its balanced share")
+        lines.append(f"  capacity: {c['words']}; memory and time plan {c['per_expert']:,.4g} assignments a "
+                     f"micro-batch per expert, {kept}")
     if r.mtp:  # DeepSeek-V3's multi-token prediction modules: trained and checkpointed, outside the total
         t = r.mtp
         first, last = t["first_layer"], t["first_layer"] + t["modules"] - 1

@@ -3,9 +3,9 @@
 The writer streams: the header is built from shapes and dtypes alone, then each tensor is copied to
 the host (`produce()`, ideally a view of the tensor's own memory) and written a few MiB at a time,
 checksummed (zlib.crc32 over the file's bytes), so writing a rank's shard stages at most one chunk (a
-transposed block) or one tensor's host copy (bf16, a GPU tensor), never the shard. The reader memory-maps the data section and copies out
-only the requested block of a tensor (rows or columns), so a rank resuming on another layout reads
-about its own share. Files are plain safetensors (`safetensors`, `transformers` read them); bf16 is
+transposed block) or one tensor's host copy (bf16, a GPU tensor), never the shard. The reader memory-maps the data
+section and copies out only the requested block of a tensor (rows or columns), so a rank resuming on another layout
+reads about its own share. Files are plain safetensors (`safetensors`, `transformers` read them); bf16 is
 carried as its uint16 bits, as `Tensor.numpy()` gives it. Every file is published through `atomic`.
 """
 from __future__ import annotations

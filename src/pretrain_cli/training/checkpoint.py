@@ -86,10 +86,10 @@ def _block(strategy, reader, where, name: str, t, transpose: bool) -> np.ndarray
 
 
 def load_optimizer(strategy, model, optimizer, ckpt) -> dict:
-    """The optimizer state of checkpoint `ckpt` (a path or a `CheckpointDir`) into an optimizer that is already AMP-decorated and laid out: for every
-    accumulator (and O2 master weight) this rank holds, only its block (`strategy.local_box`) is read, from
-    the pieces that intersect it, so any layout resumes from any other. Returns {"bytes_read": n, "files": the
-    files read}."""
+    """The optimizer state of checkpoint `ckpt` (a path or a `CheckpointDir`) into an optimizer that is already
+    AMP-decorated and laid out: for every accumulator (and O2 master weight) this rank holds, only its block
+    (`strategy.local_box`) is read, from the pieces that intersect it, so any layout resumes from any other. Returns
+    {"bytes_read": n, "files": the files read}."""
     import paddle
 
     from pretrain_cli.distributed.layout.pieces import inner_optimizer, local_value, split_name, state_tensors

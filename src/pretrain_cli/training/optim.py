@@ -17,7 +17,8 @@ def no_decay(structured_name: str) -> bool:
     return "bias" in structured_name or "norm" in structured_name
 
 
-def build_optimizer(model, optimizer_cfg: OptimizerConfig, schedule: Schedule, multi_precision: bool = False, adamw=None):
+def build_optimizer(model, optimizer_cfg: OptimizerConfig, schedule: Schedule, multi_precision: bool = False,
+                    adamw=None):
     """AdamW over the trainable parameters. Paddle calls `apply_decay_param_fun` with the parameter's
     internal unique name (e.g. `linear_3.w_0`), so structured names are mapped first. `adamw`: a multi-tensor
     kernel (`StepKernels.adamw`) that steps it instead of Paddle's per-parameter kernels."""
@@ -71,8 +72,8 @@ class FusedAdamW:
         for p in params:
             if p.name not in self._decays:
                 self._decays[p.name] = fun is None or bool(fun(p.name))
-        state = [[opt._get_accumulator_master(key, p) for p in params]
-                 for key in (opt._moment1_acc_str, opt._moment2_acc_str, opt._beta1_pow_acc_str, opt._beta2_pow_acc_str)]
+        keys = (opt._moment1_acc_str, opt._moment2_acc_str, opt._beta1_pow_acc_str, opt._beta2_pow_acc_str)
+        state = [[opt._get_accumulator_master(key, p) for p in params] for key in keys]
         with paddle.no_grad():
             self._kernel(params, [p.grad for p in params], *state, [self._decays[p.name] for p in params],
                          opt.get_lr(), opt._beta1, opt._beta2, opt._epsilon, opt._weight_decay, grad_scale)

@@ -188,8 +188,8 @@ def _opened(path) -> CheckpointDir | None:
 def rebuild(run: RunConfig, model_cfg, comm, path) -> Layout:
     """A rollback on a layout of placed pieces (`EngineTraits.placed_pieces`), which whole tensors cannot be
     written into mid-run (ZeRO-2's optimizer updates its own shards, ZeRO-3's and TP's parameters are pieces; a
-    pipeline rank keeps only its stage's tensors, an expert-parallel rank only its experts). So the model and its layout are built
-    again from the checkpoint, in the order and with the seed of a restart that resumes from it (the trainer
+    pipeline rank keeps only its stage's tensors, an expert-parallel rank only its experts). So the model and its layout
+    are built again from the checkpoint, in the order and with the seed of a restart that resumes from it (the trainer
     has released the old ones first)."""
     log.info(f"rebuilding the model and its layout from {Path(path).name} (the layout's placed pieces "
              f"cannot be written into mid-run)")

@@ -22,8 +22,8 @@ process that ended without that (SIGKILL, the kernel's out-of-memory killer, a c
 its watcher's kill of a hung rank) or whose removal failed (a read-only output_dir). The next `train` (and `check`)
 says so in one line, with the last step `metrics.jsonl` logged, the last checkpoint and what the run's launch wrote
 down of its end in the workerlogs launch.sh keeps in output_dir (`launch_logs.recorded_end`), else which ends say
-nothing (`unfinished`); under `scripts/launch.sh`'s restarts (`PRETRAIN_CLI_RESTART`), whose own line named the failure just before, it says
-only where the previous attempt ended.
+nothing (`unfinished`); under `scripts/launch.sh`'s restarts (`PRETRAIN_CLI_RESTART`), whose own line named the failure
+just before, it says only where the previous attempt ended.
 """
 from __future__ import annotations
 
@@ -238,7 +238,8 @@ def previous_end(output_dir) -> str | None:
 def unfinished(out: Path, holder: dict, here: str) -> str:
     """The one line for a lock its run left behind (`holder`, gone): when it started, the last step it logged and
     its last checkpoint, and how it ended as its launch's logs say (`launch_logs.recorded_end`), else what ends a run
-    without a word. Under launch.sh's restart the failure was named by launch.sh's line before: only where the previous attempt ended."""
+    without a word. Under launch.sh's restart the failure was named by launch.sh's line before: only where the previous
+    attempt ended."""
     step = last_logged_step(out)
     ckpt = run_dir.latest_checkpoint(out)
     where = (f"last step logged {step if step is not None else 'none'} ({run_dir.METRICS_FILE}), last checkpoint "

@@ -12,7 +12,8 @@ So each rank publishes in the launcher's TCP store what it runs (`RunSpec.finger
 paths, which may differ between nodes, and what the paths hold: the model's config.json, the tokenizer's size, the
 token files' documents and tokens) and whose run lock it sees in its `output_dir` (rank 0 took it before joining:
 `training.run_lock`). Every other rank compares itself with rank 0 and publishes its finding; rank 0 publishes the
-first one; every rank raises that same line (`UserError`, exit 2: launch.sh never retries it). Store traffic is O(world).
+first one; every rank raises that same line (`UserError`, exit 2: launch.sh never retries it). Store traffic is
+O(world).
 
 The fingerprint holds the arguments as the user set them, not as a resume set them: only rank 0 chooses the checkpoint
 to resume (it alone verifies them and skips a damaged one), and what a run keeps from it (the global batch on another
@@ -102,7 +103,8 @@ def difference(rank: int, mine: dict, first: dict) -> str | None:
 def _differs(key: str, value, first) -> str:
     if isinstance(value, dict) and isinstance(first, dict):  # the model's config.json: its differing keys
         inner = [k for k in sorted(set(value) | set(first)) if value.get(k) != first.get(k)]
-        return f"{key}: " + ", ".join(f"{k} {_show(value.get(k))} (rank 0: {_show(first.get(k))})" for k in inner[:SHOWN])
+        return f"{key}: " + ", ".join(f"{k} {_show(value.get(k))} (rank 0: {_show(first.get(k))})"
+                                      for k in inner[:SHOWN])
     if isinstance(value, list) and isinstance(first, list):  # the token files' lines: the first that differs
         pairs = [(v, f) for v, f in zip(value + [None] * len(first), first + [None] * len(value)) if v != f]
         value, first = pairs[0] if pairs else (value, first)

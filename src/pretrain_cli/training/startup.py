@@ -41,8 +41,8 @@ def seconds_since_launch() -> float | None:
 
 def measure(rank: int, device: str) -> dict:
     """This rank's start-up record, taken now."""
-    row = {"rank": rank, "rss_peak_gib": _round(vm_hwm_gib()), "seconds_since_launch": _round(seconds_since_launch(), 2),
-           "measured_at": round(time.time(), 3)}
+    row = {"rank": rank, "rss_peak_gib": _round(vm_hwm_gib()),
+           "seconds_since_launch": _round(seconds_since_launch(), 2), "measured_at": round(time.time(), 3)}
     if not device.startswith("cpu"):
         import paddle
 

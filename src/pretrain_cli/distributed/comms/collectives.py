@@ -4,15 +4,19 @@ Engine code asks this object for what differs between the two and never tests th
 lacks or gets wrong in Paddle 3.3.1 (ARCHITECTURE.md facts: gloo; docs/DISTRIBUTED.md, "What CPU verifies") is
 answered here, so when Paddle's gloo is fixed the workarounds go in one place:
 
-| what | NCCL | gloo |
-|---|---|---|
-| `reduce_scatter` | `dist.reduce_scatter` | `all_reduce`, then this rank's slice (tp times the bytes) |
-| `all_to_all_single` (uneven splits) | `dist.alltoall_single` | every rank's rows padded to the longest and all-gathered, then each block for this rank cut out (ep times the bytes) |
-| MoE token dispatch (`all_to_all_dispatch`) | all-to-all (`expert_all_to_all.AllToAllDispatch`) | all-gather (`expert_parallel.GatherDispatch`): exact, and fewer bytes than the emulated all-to-all |
-| a new group | `dist.new_group` | the same, each group with a TCP store of its own (`stores`: `gloo.separate_stores`) |
-| ring neighbour exchange | `batch_isend_irecv` on the group | blocking send/recv over a two-rank group per directed edge (`ring_edges`) |
-| fleet's pipeline sends | batched; whole under sequence parallelism, else 1/tp each | unbatched, whole, over two-rank groups per stage pair (`pipeline_flags`, `neighbour_sends`) |
-| sharded (semi-auto) gradients | Partial → Shard by reduce-scatter | all-reduced whole (`gradient_hook`: `to_replicated`) |
+- `reduce_scatter`: NCCL `dist.reduce_scatter`; gloo `all_reduce`, then this rank's slice (tp times the bytes);
+- `all_to_all_single` (uneven splits): NCCL `dist.alltoall_single`; gloo every rank's rows padded to the longest and
+  all-gathered, then each block for this rank cut out (ep times the bytes);
+- MoE token dispatch (`all_to_all_dispatch`): NCCL all-to-all (`expert_all_to_all.AllToAllDispatch`); gloo all-gather
+  (`expert_parallel.GatherDispatch`): exact, and fewer bytes than the emulated all-to-all;
+- a new group: NCCL `dist.new_group`; gloo the same, each group with a TCP store of its own (`stores`:
+  `gloo.separate_stores`);
+- ring neighbour exchange: NCCL `batch_isend_irecv` on the group; gloo blocking send/recv over a two-rank group per
+  directed edge (`ring_edges`);
+- fleet's pipeline sends: NCCL batched, whole under sequence parallelism, else 1/tp each; gloo unbatched, whole, over
+  two-rank groups per stage pair (`pipeline_flags`, `neighbour_sends`);
+- sharded (semi-auto) gradients: NCCL Partial → Shard by reduce-scatter; gloo all-reduced whole (`gradient_hook`:
+  `to_replicated`).
 """
 from __future__ import annotations
 

@@ -147,7 +147,8 @@ class Comm(NoComm):
                 if failed:
                     raise PeerFailed(f"rank {self.rank}: rank 0 failed while {what}; see workerlog.0") from None
                 why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise PeerFailed(f"rank {self.rank}: lost rank 0 while it was {what} ({why}); see workerlog.0") from None
+                raise PeerFailed(f"rank {self.rank}: lost rank 0 while it was {what} ({why}); "
+                                 f"see workerlog.0") from None
             if value < 0:
                 failed.append(time.monotonic())
                 if time.monotonic() - failed[0] > FAILED_WAIT:

@@ -9,8 +9,8 @@ On CPU (gloo) that does not work, for two reasons of Paddle 3.3.1
 posted the matching `recv` (every rank sending first waits until "TIMEOUT … unbound_buffer.cc", measured), and a
 gloo group numbers its operations (`next_tag`), so a send matches only the receive with the same number; with an
 odd number of ranks in a ring, the ranks' counts over one group disagree. The CPU workaround (the collectives
-backend's `ring_edges`): each directed edge r → r+1 of the ring gets a two-rank group of its own (every operation on it is
-that edge's one send and one receive, so the counts agree, as `gloo.neighbour_sends` does for pipeline stages),
+backend's `ring_edges`): each directed edge r → r+1 of the ring gets a two-rank group of its own (every operation on it
+is that edge's one send and one receive, so the counts agree, as `gloo.neighbour_sends` does for pipeline stages),
 and even cp ranks send before they receive while odd ones receive first, so no cycle of senders waits. The
 exchange is then blocking: `start` does it, `wait` returns the received tensor, and no compute overlaps it on CPU.
 """

@@ -7,15 +7,15 @@ end would reach the console up to three times (its `error:` line in rank 0's cop
 stdout, under the launcher's noise, and a death (SIGKILL) would follow a `Container rank 0 status failed` naming the
 wrong rank. The ranks record how each ended (`job.record`: its own `error:` line, or its watcher's verdict), and
 launch.sh says the first of them once, on stderr, after the launcher (`account.cause`: which rank ended the job and
-how, its line, where its full log is; a usage error that every rank of the node found is its `error:` lines, as one process
-says them). So, under launch.sh (`install`), the launcher's copy of rank 0 onto stdout leaves out the lines that say
-how the job ended (`ENDING`: the CLI's `error:` lines, the rank watchers' verdicts), and its failure report and tail
+how, its line, where its full log is; a usage error that every rank of the node found is its `error:` lines, as one
+process says them). So, under launch.sh (`install`), the launcher's copy of rank 0 onto stdout leaves out the lines that
+say how the job ended (`ENDING`: the CLI's `error:` lines, the rank watchers' verdicts), and its failure report and tail
 are held back; once the ranks and their watchers are done (`finalize`), the rest of rank 0's log is copied (the
 launcher stops copying when it stops the ranks: `Pod.stop`, whose `Container.terminate` closes the log; `install`
 keeps the position), and the held report is given only when no rank recorded its end, so that something says it (its
 tail of rank 0 then only the lines the copy left out: the rest is on stdout already). `install` also notes where each
-rank's log begins this launch (`rank_log.mark`: Paddle appends to it), so that `account.cause` quotes this launch's lines
-only. Without launch.sh (no verdict directory) Paddle's report stands: nothing else would say it.
+rank's log begins this launch (`rank_log.mark`: Paddle appends to it), so that `account.cause` quotes this launch's
+lines only. Without launch.sh (no verdict directory) Paddle's report stands: nothing else would say it.
 """
 from __future__ import annotations
 

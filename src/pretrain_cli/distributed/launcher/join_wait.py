@@ -83,8 +83,8 @@ def note(me: int, pid: int, waited: float, allowance: float, world_size: int | N
     elsewhere = (f"; the other {world_size - len(ranks)} rank(s) are on other hosts"
                  if world_size and ranks and world_size > len(ranks) else "")
     return (f"[pretrain-cli] rank {me} (pid {pid} on {socket.gethostname()}): waiting {waited:.0f} s in the join of "
-            f"{who}: on this host {have}, {gaps}{elsewhere}; the join is given up {allowance:.0f} s after this rank came "
-            f"(hang_timeout's start-up allowance)")
+            f"{who}: on this host {have}, {gaps}{elsewhere}; the join is given up {allowance:.0f} s after this rank "
+            f"came (hang_timeout's start-up allowance)")
 
 
 def named(me: int, culprit: tuple[int, int, str], more: int, allowance: float, world_size: int | None,

@@ -6,9 +6,9 @@ rank) by binding a port, closing it and handing the number on, starting at a ran
 host can be handed the same port, or a port the kernel then gives some outgoing connection; a rank then
 joins the other job's store (`gloo/transport/tcp/address.cc:30 ... 136 vs 45`, `uv__finish_close:
 Assertion`). `reserve()` takes a block of `BLOCK` ports below the ephemeral range for the job: an exclusive
-`flock` on a file per `LOCK_UNIT` ports of the block, in a directory every user of this host shares (held by the launcher for its
-whole life: the lock's descriptor is inherited through `exec`), every port of the block checked free, and
-`PORT_RANGE` set to the block's launcher part, so two launches through launch.sh or the tests never share a
+`flock` on a file per `LOCK_UNIT` ports of the block, in a directory every user of this host shares (held by the
+launcher for its whole life: the lock's descriptor is inherited through `exec`), every port of the block checked free,
+and `PORT_RANGE` set to the block's launcher part, so two launches through launch.sh or the tests never share a
 port. The block, from its first port `base`: `base` (left free: the tests' `--master`), `base + 1` ...
 `base + LAUNCHER_PORTS` (the launcher's `PORT_RANGE`: its KV master, the global TCP store, one endpoint per
 rank), then `GROUP_STORES` ports for the TCP stores of the gloo groups (`group_store_port`, used by
@@ -113,8 +113,9 @@ def group_store_port(n: int) -> int | None:
         from pretrain_cli.errors import UserError
 
         raise UserError(f"gloo process group {n} needs a TCP store port, but the job's port block {base}-"
-                        f"{base + BLOCK - 1} holds {GROUP_STORES} (distributed/launcher/ports.py GROUP_STORES); run fewer "
-                        f"processes or pipeline stages on CPU (each pipeline rebuild of a spike rollback adds groups)")
+                        f"{base + BLOCK - 1} holds {GROUP_STORES} (distributed/launcher/ports.py GROUP_STORES); run "
+                        f"fewer processes or pipeline stages on CPU (each pipeline rebuild of a spike rollback adds "
+                        f"groups)")
     return base + LAUNCHER_PORTS + n
 
 

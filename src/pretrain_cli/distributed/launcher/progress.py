@@ -3,9 +3,9 @@
 A rank that stops making progress (a stalled file system, a deadlock, a stuck device, a paused VM: `kill -STOP`) is
 the most common failure of a long multi-node run, and the collective library says nothing useful about it: gloo
 aborts the waiting ranks after 30 s (`gloo::TimeoutException`, blaming nobody), NCCL waits far longer. So each rank
-writes where it is into a small record the watchers of its host read (`distributed.launcher.watchdog`, outside the training
-loop, in their own processes): a file of `SIZE` bytes in the host's shared watch directory, memory-mapped by the
-rank, so a mark is a few stores into memory, no system call. The training loop marks each phase as it enters it
+writes where it is into a small record the watchers of its host read (`distributed.launcher.watchdog`, outside the
+training loop, in their own processes): a file of `SIZE` bytes in the host's shared watch directory, memory-mapped by
+the rank, so a mark is a few stores into memory, no system call. The training loop marks each phase as it enters it
 (`mark`): `data` (the step's batches), `forward/backward`, `collective` (gradient sync, norm, the step's agreements),
 `save`, `eval`; `start-up` until the first mark.
 

@@ -2,11 +2,11 @@
 
 Why this launch only: Paddle's launcher appends to workerlog.N (launch.sh passes no `--log_overwrite`), so after a
 restart, or a second launch into the same output_dir, the log holds the earlier launches' ends too, and reading it whole
-would say their `error:` lines again beside this one's. The launcher's `Container.start` notes the log's size as the rank
-starts (its `_log_start_offset`); `failure_report` leaves that in launch.sh's verdict directory (`mark`, `start.<log>`,
-removed by launch.sh before each launch), and `read` starts there. Why from its end, at most `WINDOW` bytes: a
-failure's account is at the end, and the host may have just run out of memory (a 100 MB log read whole and split
-takes ~0.5 s and ~250 MB: a review's measurement on the 2-core machine, by hand).
+would say their `error:` lines again beside this one's. The launcher's `Container.start` notes the log's size as the
+rank starts (its `_log_start_offset`); `failure_report` leaves that in launch.sh's verdict directory (`mark`,
+`start.<log>`, removed by launch.sh before each launch), and `read` starts there. Why from its end, at most `WINDOW`
+bytes: a failure's account is at the end, and the host may have just run out of memory (a 100 MB log read whole and
+split takes ~0.5 s and ~250 MB: a review's measurement on the 2-core machine, by hand).
 
 What is quoted (`account.cause`): the `error:` lines the rank said (`errors`: check reports every problem at once, its
 record holds the first), and for a rank that crashed the end of its Python traceback or of Python's fatal-error stack
@@ -47,7 +47,8 @@ LOGGED = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[")
 
 
 def crash_line(line: str) -> bool:
-    """Whether `line` is one of a crash, or of a rank's reaction to a lost peer (`CRASH_STARTS`, `GLOO`, `GLOO_SOURCE`)."""
+    """Whether `line` is one of a crash, or of a rank's reaction to a lost peer (`CRASH_STARTS`, `GLOO`,
+    `GLOO_SOURCE`)."""
     return (line.lstrip().startswith(CRASH_STARTS) or any(mark in line for mark in GLOO)
             or GLOO_SOURCE.search(line) is not None)
 

@@ -86,8 +86,8 @@ def stop_ranks(containers, limit: int, clock=time.monotonic) -> bool:
     """SIGTERM to every rank (`Container.terminate`: to its process group, up to 3 times 0.2 s apart, as Paddle's
     `pod.stop` sends it), then wait for all of them `limit` seconds in all (0: for ever; Paddle's `pod.join` gave each
     rank its whole timeout in turn); the ranks still running then are said, marked as killed by the launcher (for
-    launch.sh's line: `account.killed_here`; a rank stuck in a native call never noted its stop) and SIGKILLed. True: all
-    ended in time."""
+    launch.sh's line: `account.killed_here`; a rank stuck in a native call never noted its stop) and SIGKILLed. True:
+    all ended in time."""
     for c in containers:
         c.terminate()
     deadline = clock() + limit if limit else None

@@ -38,7 +38,8 @@ class InitSource:
 def after_o2(source, model, dtype: str) -> None:
     """Blocks `source` creates from now on (ZeRO-3's, after AMP's O2 cast) take O2's `dtype`, but those of the
     parameters O2 leaves fp32 keep theirs: the layers whose `_cast_to_low_precision` is off, which
-    `paddle.amp.decorate` skips (amp/auto_cast.py 3.3.1, `need_keep_fp32`; the MoE routers, `models.moe.fp32_router`)."""
+    `paddle.amp.decorate` skips (amp/auto_cast.py 3.3.1, `need_keep_fp32`; the MoE routers,
+    `models.moe.fp32_router`)."""
     source.dtype = dtype
     source.kept = frozenset(id(p) for layer in model.sublayers(include_self=True)
                             if not getattr(layer, "_cast_to_low_precision", True)

@@ -20,8 +20,8 @@ sharding_rank (PaddleNLP's arithmetic, ARCHITECTURE.md facts: degrees); tp ranks
 parallelism: each holds part of every sequence of its data rank, `distributed.steps.context`) and stages share batches.
 fleet has no cp axis of its own here: under ZeRO-1 its sharding axis spans sharding × cp (adjacent in `AXES`).
 
-Expert parallelism (`ep`, `distributed.steps.expert_parallel`) is not an axis of its own: it is drawn from the data ranks
-(PaddleNLP's `moe_group: data`). Consecutive data ranks form an expert group (`expert_group`: data rank // ep, on
+Expert parallelism (`ep`, `distributed.steps.expert_parallel`) is not an axis of its own: it is drawn from the data
+ranks (PaddleNLP's `moe_group: data`). Consecutive data ranks form an expert group (`expert_group`: data rank // ep, on
 one node when ep data ranks fit in it), each holding num_experts / ep of the experts (`expert_rank`: data rank % ep);
 the ranks holding the same experts (`expert_replicas`: one per expert group, at every cp position) reduce those
 experts' gradients.
@@ -34,7 +34,8 @@ from dataclasses import dataclass
 # axis -> (its ParallelConfig degree, fleet's hybrid_configs key), outermost first
 AXES = {"pp": ("pp_degree", "pp_degree"), "dp": ("dp_degree", "dp_degree"),
         "sharding": ("sharding_degree", "sharding_degree"),
-        "cp": ("cp_degree", None),  # context parallelism (distributed.steps.context): no fleet axis, see fleet_hybrid_configs
+        # context parallelism (distributed.steps.context): no fleet axis, see fleet_hybrid_configs
+        "cp": ("cp_degree", None),
         "mp": ("tp_degree", "mp_degree")}
 FLEET_ORDER = ["pp", "dp", "sharding", "sep", "mp"]  # fleet's names in AXES order (its "sep" axis: degree 1)
 
@@ -164,8 +165,9 @@ class Topology:
         """{"tp" | "pp" | "cp" | "data" | "ep" | "ep_replicas": every group of ranks of that kind, sorted}: a tp, pp
         or cp group shares every coordinate but that axis's; a data group (dp × sharding, with cp) its stage and tp
         position; an expert group the stage, cp and tp position and data rank // ep (consecutive data ranks), an
-        expert-replica group the stage, tp position and data rank % ep (every cp position). Each rank's coordinates computed once, cached per
-        layout of degrees (`plan --fit` asks for thousands of candidates over a few dozen layouts)."""
+        expert-replica group the stage, tp position and data rank % ep (every cp position). Each rank's coordinates
+        computed once, cached per layout of degrees (`plan --fit` asks for thousands of candidates over a few dozen
+        layouts)."""
         return _all_groups(self.degrees, self.ep)
 
     def replicas(self, *axes: str, rank: int | None = None) -> tuple:

@@ -57,8 +57,8 @@ _RINGS: dict = {}  # (parallel, edges) -> RingExchange: every group is made once
 def cp_group(parallel, backend=None):
     """This rank's `RingExchange` (its `group`, `ranks` and neighbours) in its context-parallel group: the
     topology's "cp" axis (`distributed.layout.topology`: the cp ranks of one data rank are neighbours); `backend`: the
-    run's collectives (`distributed.comms.collectives`; default gloo's, whose exchange is `distributed.comms.ring`'s per-edge
-    groups). Made once per process: the kernels (built again for a rollback) and the strategy share it."""
+    run's collectives (`distributed.comms.collectives`; default gloo's, whose exchange is `distributed.comms.ring`'s
+    per-edge groups). Made once per process: the kernels (built again for a rollback) and the strategy share it."""
     from pretrain_cli.distributed.comms.collectives import for_device
     from pretrain_cli.distributed.comms.ring import ring_groups
     from pretrain_cli.distributed.layout.topology import Topology

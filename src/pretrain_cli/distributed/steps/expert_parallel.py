@@ -12,9 +12,10 @@ module) and the data side in `distributed.strategies.expert_strategy` (`ExpertPa
   `expert_kernels`; on NCCL the all-to-all form, `expert_all_to_all`; the same inputs and outputs as
   `moe.dispatch_local`): the group's tokens and routes are all-gathered, each rank runs
   its experts over the rows routed to them (sorted by expert, one grouped computation, as `moe.dispatch_local`),
-  and the outputs are summed over the group with this rank's tokens kept (a reduce-scatter). Both are autograd functions whose backward is the other, so the combine weights'
-  and the tokens' gradients return to their owners. This is the form gloo can run (no all-to-all: docs/DISTRIBUTED.md,
-  "Expert parallelism") and it is exact: each assignment is computed once, by its expert's holder. Dropless only.
+  and the outputs are summed over the group with this rank's tokens kept (a reduce-scatter). Both are autograd functions
+  whose backward is the other, so the combine weights' and the tokens' gradients return to their owners. This is the
+  form gloo can run (no all-to-all: docs/DISTRIBUTED.md, "Expert parallelism") and it is exact: each assignment is
+  computed once, by its expert's holder. Dropless only.
 - **with tensor parallelism** (`tp_group`): each held expert is also cut by the `tp` step like a dense MLP (expert
   tensor parallelism: Megatron-Core's `expert_tensor_parallel_size` = tp), and the ranks of a tp group route the
   same tokens alike, so the expert group (the same tp position on each data rank) gathers as without tp and runs

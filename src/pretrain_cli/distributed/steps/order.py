@@ -19,7 +19,8 @@ group). Adding a parallel axis means adding a step here, not an engine.
    attention-side steps and before recompute, so recompute wraps the layers with their experts already
    dispatched.
 4. `recompute`: activation recompute (`models.recompute.apply_recompute`) around the already split layers.
-5. `pp`: the pipeline cut: fleet's `PipelineLayer` over the model's own sublayers (`pipeline_stages.build_pipeline_layer`).
+5. `pp`: the pipeline cut: fleet's `PipelineLayer` over the model's own sublayers
+   (`pipeline_stages.build_pipeline_layer`).
 6. `data`: the gradient and optimizer side: data parallelism, ZeRO-1/2 (fleet), ZeRO-2/3 and semi-auto TP
    (`semi_auto`): the `Strategy`'s `wrap`, `sync_grads`, `grad_norm` and `step`, not a model change here.
 

@@ -37,12 +37,13 @@ class RouterStream:
     `[experts]` without (the top-k choice counts: no gradient, so fleet sends none back). The first stage starts them
     at zero, every `Block` adds its layer's sums in layer order (only in training), the last stage's loss adds the
     MTP modules' and forms the losses (`models.moe_loss.router_loss(lm, carried, blocks)`): the same additions in
-    the same order as one process (whose first is onto nothing rather than 0: the same bits). Both tensors always travel (a stage without sparse layers passes copies on), whatever terms are on.
-    The first starts with gradient even before any sparse layer adds to it, so every send of a stage has the same
-    `stop_gradient` pattern whatever layers precede it: fleet's interleaved schedule checks each send of a step
-    against the first one's (`SendRecvMeta.check_send_message` counts only the tensors with gradient), and a stage
-    holding a dense chunk (DeepSeek's first layers) and a sparse one sent the sums without gradient from the one and
-    with from the other (an AssertionError at the first step of pp 4 x virtual_pp_degree 2)."""
+    the same order as one process (whose first is onto nothing rather than 0: the same bits). Both tensors always travel
+    (a stage without sparse layers passes copies on), whatever terms are on. The first starts with gradient even before
+    any sparse layer adds to it, so every send of a stage has the same `stop_gradient` pattern whatever layers precede
+    it: fleet's interleaved schedule checks each send of a step against the first one's
+    (`SendRecvMeta.check_send_message` counts only the tensors with gradient), and a stage holding a dense chunk
+    (DeepSeek's first layers) and a sparse one sent the sums without gradient from the one and with from the other (an
+    AssertionError at the first step of pp 4 x virtual_pp_degree 2)."""
 
     def __init__(self, lm):
         self.terms, self.experts = router_terms(lm), lm.config.num_experts

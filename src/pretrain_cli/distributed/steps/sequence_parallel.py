@@ -18,9 +18,10 @@ normalises `seq_len / tp` positions of them; attention and the MLP still see the
   gradients are summed over the tp group once per step (`tensor_parallel.sum_grads`).
 
 Which TP form runs it: this one (`tensor_parallel`'s PyLayers over the topology's "mp" group), for a pipeline's
-stages and for plain TP (`distributed.strategies.tensor_engine.TensorParallel`, engine "tensor_parallel") alike. The semi-auto engine's sequence-parallel
-plans reshard through reduce-scatter and all-to-all, which its CPU build lacks, so only this form can be verified
-here; its slices and checkpoint pieces are the same as the pipeline's TP (`Pipeline.local_box`).
+stages and for plain TP (`distributed.strategies.tensor_engine.TensorParallel`, engine "tensor_parallel") alike. The
+semi-auto engine's sequence-parallel plans reshard through reduce-scatter and all-to-all, which its CPU build lacks, so
+only this form can be verified here; its slices and checkpoint pieces are the same as the pipeline's TP
+(`Pipeline.local_box`).
 
 CPU workaround (docs/DISTRIBUTED.md, "What CPU verifies"): gloo has no `reduce_scatter`; the run's collectives
 backend (`distributed.comms.collectives`) makes it an `all_reduce` and this rank's slice there, and

@@ -13,12 +13,12 @@ outside — the same code on GPU and CPU:
   output of every row-parallel projection (`o_proj`, `down_proj`); a bias there is added once, after the sum.
 
 Each rank keeps its slice of the projections on the dim the one TP plan gives (`models.tp_plan`; Paddle
-`[in, out]`): q/k/v and gate/up column-parallel (the output dimension, so each rank has num_heads / tp heads and num_key_value_heads / tp KV heads, intermediate /
-tp MLP columns), o/down row-parallel (the input dimension). RMSNorm, RoPE, the embedding and the LM head
-stay whole on every tp rank; their gradients are the same on every tp rank, because every activation outside
-the two functions is. A whole weight inside a region that every head shares (Qwen3's `q_norm` / `k_norm`, one
-`[head_dim]` weight over all heads) gets only this rank's heads' part of its gradient: `head_shared` lists them and
-`sum_grads` sums them over the tp group once a step (`Hybrid.sync_grads`), as sequence parallelism's norms.
+`[in, out]`): q/k/v and gate/up column-parallel (the output dimension, so each rank has num_heads / tp heads and
+num_key_value_heads / tp KV heads, intermediate / tp MLP columns), o/down row-parallel (the input dimension). RMSNorm,
+RoPE, the embedding and the LM head stay whole on every tp rank; their gradients are the same on every tp rank, because
+every activation outside the two functions is. A whole weight inside a region that every head shares (Qwen3's `q_norm` /
+`k_norm`, one `[head_dim]` weight over all heads) gets only this rank's heads' part of its gradient: `head_shared` lists
+them and `sum_grads` sums them over the tp group once a step (`Hybrid.sync_grads`), as sequence parallelism's norms.
 Sliced parameters are marked `is_distributed`, which fleet reads to leave them alone
 when it broadcasts the replicated ones over the tp group. A Mixture-of-Experts layer's routed experts are each cut
 like an MLP, with the two functions around the experts alone and its router whole (`TPDispatch`; why:
@@ -236,8 +236,9 @@ def expert_weights(experts, read) -> list:
 
 
 class TPDispatch:
-    """`SparseMoeBlock.dispatch` under the manual `tp` step (the kernel table's `moe_dispatch`, `order._tp_kernels`): the experts' sliced weights (`split_layers`) between
-    the two functions over the tp group, everything else as one process."""
+    """`SparseMoeBlock.dispatch` under the manual `tp` step (the kernel table's `moe_dispatch`, `order._tp_kernels`):
+    the experts' sliced weights (`split_layers`) between the two functions over the tp group, everything else as one
+    process."""
 
     def __init__(self, group):
         self.group = group

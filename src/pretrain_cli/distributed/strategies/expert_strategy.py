@@ -9,9 +9,9 @@ parameters) and reducing the experts themselves; they differ in the rest of the 
   carries a `no_sync` attribute: the strategy keeps the list instead.
 - `ExpertZero1` (`sharding: stage1`, the layout PaddleNLP's Qwen3-MoE recipes use; under context parallelism
   `stage2` too, fleet's ZeRO-1 releasing the rest's unowned gradients after each update, as cp's data side does):
-  the non-expert parameters through fleet's ZeRO-1 as `FleetZero1` runs them (each sharding rank owns, updates and keeps the AdamW state of
-  a slice; gradients reduced to the owner, the owners' updates broadcast). The experts are not given to fleet's
-  sharding optimizer, whose owners and broadcasts take every sharding rank to hold the same parameters: each
+  the non-expert parameters through fleet's ZeRO-1 as `FleetZero1` runs them (each sharding rank owns, updates and keeps
+  the AdamW state of a slice; gradients reduced to the owner, the owners' updates broadcast). The experts are not given
+  to fleet's sharding optimizer, whose owners and broadcasts take every sharding rank to hold the same parameters: each
   rank updates its own experts itself (their gradients summed over `Topology.expert_replicas`), and keeps their
   AdamW state whole. Not sharded over the replicas: the experts are already split ep ways (the bulk of a MoE
   model's state), and sharding their state further would add a reduce and a broadcast over the replica group,

@@ -1,6 +1,6 @@
 """The strategy over fleet's hybrid groups with the model-side layout steps applied from outside (`Hybrid`): what a
-pipeline (`distributed.strategies.pipeline.Pipeline`, which adds the 1F1B schedule) and tensor + sequence/context parallelism
-on one stage (`distributed.strategies.tensor_engine.TensorParallel`) share.
+pipeline (`distributed.strategies.pipeline.Pipeline`, which adds the 1F1B schedule) and tensor + sequence/context
+parallelism on one stage (`distributed.strategies.tensor_engine.TensorParallel`) share.
 
 `place` creates this rank's parameters (its stage's; tensor-parallel weights as their slices only) and runs the
 layout steps (`distributed.steps.order`: tp, cp, recompute, the pipeline cut); what they leave (`Placement`) says which

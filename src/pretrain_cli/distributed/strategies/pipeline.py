@@ -1,9 +1,9 @@
 """Pipeline parallelism on fleet's engine: the finished single-device model cut into stages from outside.
 
 The cut itself is the `pp` layout step (`distributed.steps.pipeline_stages`: the model's own sublayers as fleet
-`PipelineLayer` items); `stage_of` (`distributed.strategies.hybrid`) is the same split by HF tensor name, which the checkpoint
-code uses to know which rank holds what. Every stage reads the same micro-batches; the first feeds them in, the
-last computes the loss (the fused head + loss needs the labels, which only it sees).
+`PipelineLayer` items); `stage_of` (`distributed.strategies.hybrid`) is the same split by HF tensor name, which the
+checkpoint code uses to know which rank holds what. Every stage reads the same micro-batches; the first feeds them in,
+the last computes the loss (the fused head + loss needs the labels, which only it sees).
 
 Tied embeddings (and DeepSeek-V3's multi-token prediction, which looks the input ids up on the last stage): the last
 stage holds the embedding's weight as a fleet `SharedLayerDesc` (the first stage's value broadcast at build); after

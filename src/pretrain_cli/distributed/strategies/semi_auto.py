@@ -8,8 +8,8 @@ the global batch (`Shard(0)`), and `dist.shard_optimizer(ShardingStage{1,2,3}("d
 AdamW state (stage 1), the gradients the update uses (2) and the parameters themselves (3).
 Paddle's SPMD rules insert every collective; nothing here is a hand-written one.
 
-On CPU, two workarounds (ARCHITECTURE.md facts: gloo; custom ops under semi-auto): the `to_replicated` gradient hook (gloo has no
-reduce-scatter, so Partial gradients are all-reduced instead: ZeRO-2/3's gradient memory saving
+On CPU, two workarounds (ARCHITECTURE.md facts: gloo; custom ops under semi-auto): the `to_replicated` gradient hook
+(gloo has no reduce-scatter, so Partial gradients are all-reduced instead: ZeRO-2/3's gradient memory saving
 happens only on GPU), and our fused CPU kernels run on local pieces (`local_kernels`). The model arrives
 built with those kernels (`distributed.steps.order.build_kernels`, in `training.run.build_model`): nothing of a live
 layer is replaced here.

@@ -73,7 +73,8 @@ class Strategy:
         return self.apply_steps(model, source)
 
     def apply_steps(self, model, source=None):
-        """The model through the layout's steps (`distributed.steps.order.ORDER`); what they leave is `self.placement`."""
+        """The model through the layout's steps (`distributed.steps.order.ORDER`); what they leave is
+        `self.placement`."""
         from pretrain_cli.distributed.steps.order import Placement, apply_steps
 
         self.placement = Placement(self.parallel, self.topology, self.backend, source, self.recompute,

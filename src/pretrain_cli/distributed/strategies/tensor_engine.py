@@ -1,7 +1,7 @@
 """The "tensor_parallel" engine: tensor parallelism on one pipeline stage with sequence and/or context parallelism.
 
-`Hybrid`'s layout steps (`distributed.steps.order`: the Megatron split with `sequence_parallel`'s regions when asked; the
-ring attention the model was built with under `context_parallel_degree`), gradient sync (the norms' gradients
+`Hybrid`'s layout steps (`distributed.steps.order`: the Megatron split with `sequence_parallel`'s regions when asked;
+the ring attention the model was built with under `context_parallel_degree`), gradient sync (the norms' gradients
 summed over the tp group, then data parallelism or ZeRO-1 on fleet's groups, the mean over the cp ranks too),
 gradient norm and checkpoint pieces (each rank its tp slices, whole tensors once); the model runs whole, its
 micro-batches as one process's (`Strategy.forward_backward`), each rank's chunks under context parallelism.
