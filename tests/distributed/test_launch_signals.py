@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,35 @@ def test_launch_sh_killed_with_its_process_group_leaves_no_rank_behind(corpus, t
     assert len(verdicts) == 1  # left by the SIGKILL ...
     tempdirs.sweep()  # ... until the next launch's first step
     assert not verdicts[0].exists()
+
+
+def test_sigterm_while_the_ranks_join_is_a_stop_143_not_a_failed_join(corpus, tmp_path):
+    """SIGTERM to launch.sh's group while rank 0 waits inside the join of the process group (rank 1 held before it:
+    `PCLI_FAULT=join_stall`): Paddle's launcher stops the ranks, and rank 0's `joining` record read as a rank that died
+    in the join, a failed rendezvous: launch.sh exited 75 (EX_TEMPFAIL, a retry), 1 of 8 signals at random moments of
+    a start-up. A stop by signal before any rank trained is 143 (130 for Ctrl-C), as at MASTER."""
+    import glob
+
+    from launch_helpers import REPO, child_env
+
+    cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=3)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    faults = REPO / "tests" / "robustness" / "fault_inject"
+    with launch_sh(cfg, tmp_path, NPROC="2", LOG_DIR=str(tmp_path / "log"), TMPDIR=str(tmp), PCLI_FAULT="join_stall:1",
+                   PCLI_FAULT_RANK="1", PYTHONPATH=f"{faults}{os.pathsep}{child_env()['PYTHONPATH']}") as job:
+        proc = job.proc
+
+        def joining() -> bool:  # rank 0's record: inside the join (launch.sh's verdict directory, in its TMPDIR)
+            return any('"joining"' in read_log(Path(p)) for p in glob.glob(str(tmp / "pretrain-cli-verdicts-*" /
+                                                                                 Path("rank-0.json"))))
+
+        from launched_jobs import wait_until
+
+        wait_until([job], joining, 120, lambda: read_log(tmp_path / "log" / "workerlog.0")[-3000:])
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+        left = job.pids()
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and not left, (proc.returncode, left, err[-3000:])
+    assert "trying again with new ports" not in err and "Traceback" not in err, err[-3000:]

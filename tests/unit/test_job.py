@@ -81,6 +81,9 @@ def test_a_failed_rendezvous_is_its_own_action(tmp_path):
 def test_a_rank_that_died_inside_the_join_is_a_failed_rendezvous(tmp_path):
     d = _verdicts(tmp_path, {"rank": 1, "exit": 75, "kind": "joining", "time": 1.0})
     assert job.decide(d, 134) == (75, "rendezvous")
+    # ... but one killed there by its launcher's stop on SIGTERM / SIGINT (paddle_launch.py's 143 / 130) is that stop,
+    # not retried: launch.sh exited 75 after a SIGTERM that landed while the ranks joined
+    assert job.decide(d, 143) == (143, "stop") and job.decide(d, 130) == (130, "stop")
     # a rank still joining when another rank's usage error stopped the job: the usage error decides
     d = _verdicts(tmp_path, {"rank": 0, "exit": 2, "kind": "usage", "time": 2.0})
     assert job.decide(d, 2) == (2, "stop")

@@ -24,6 +24,7 @@ from pathlib import Path
 VERDICTS_ENV = "PRETRAIN_CLI_VERDICTS"
 JOIN_ENV = "PRETRAIN_CLI_JOIN_DIR"  # where the ranks mark their join for their launcher (`launcher.joining`)
 USAGE, TRANSIENT = 2, 75
+SIGNALLED = (130, 143)  # a launcher stopped by SIGINT / SIGTERM (scripts/paddle_launch.py's codes)
 RENDEZVOUS_TRIES = 3
 
 
@@ -138,6 +139,8 @@ def decide(directory, launcher_rc: int) -> tuple[int, str]:
     if any(r.get("kind") == "interrupted" for r in own):  # Ctrl-C: the user stopped it
         return 130, "stop"
     if not own and any(r.get("kind") == "joining" for r in records):  # a rank died inside the join, nothing else
+        if launcher_rc in SIGNALLED:  # killed there by its launcher's stop on SIGINT / SIGTERM: the stop, no retry
+            return launcher_rc, "stop"
         return TRANSIENT, "rendezvous"
     if own and own[0].get("exit") == TRANSIENT:
         return TRANSIENT, "rendezvous"

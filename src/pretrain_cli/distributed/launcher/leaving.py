@@ -15,7 +15,7 @@ from __future__ import annotations
 from pretrain_cli.distributed.launcher import job, watcher
 
 LOST, HUNG = watcher.LOST, watcher.HUNG  # the exit codes: a rank failed elsewhere; a node's ranks never came
-SIGNALLED = (130, 143)  # a launcher stopped by SIGINT / SIGTERM (scripts/paddle_launch.py's codes)
+SIGNALLED = job.SIGNALLED  # a launcher stopped by SIGINT / SIGTERM (scripts/paddle_launch.py's codes)
 VANISHED = (job.TRANSIENT, "rendezvous")  # how the others end after a node that vanished before the join (EX_TEMPFAIL)
 _ENDED: list = []  # (code, by a signal) this launcher ends with, once Paddle's launcher has decided it (`note_end`)
 _WATCHES: list = []  # the watches this launcher runs (`joining.start`, through `watch_ends`): each leaves at `note_end`
