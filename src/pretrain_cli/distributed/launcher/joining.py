@@ -7,27 +7,28 @@ After the meeting (`rendezvous.guard`) every launcher beats at MASTER's store: a
 `/<job id>/pretrain_cli_alive/<node>` every `BEAT` s (`<n> in` once every rank of its node waits in the join),
 `joined <n>` once its ranks have all joined (beating on while they run, and `ended <code>` at its end: `after_join`,
 which names a node lost meanwhile), and `left <code> <action>` when it ends before that: how
-launch.sh ends that node (`leaving.own_end`: `job.decide` on its ranks' records and the launcher's own code), said when Paddle's
-launcher has decided that code and before it stops MASTER's store (`leaving.note_end`); a node serving that store keeps it up
-`LINGER` s more, for the others to read it. Until its own ranks have joined it reads the others': a node that left, whose beat has not changed for `SILENCE` s
-(killed, its host down, the network cut), or whose MASTER has not answered for `SILENCE` s (the node serving MASTER's
-store is gone: the store is a thread of its launcher) is lost; a node whose ranks are not all in the join the start-up
-allowance after this node's ranks all were is late (alive, but a start-up stalled there: it beats on for ever). The
-allowance is the run's own (`hang_timeout`, at least `progress.START` s; 0: none), which each rank of this node marks
-with its join; it is counted from this node's own arrival, not from the meeting, so a start-up that is as slow on
-every node is nobody's lateness. Silence and lateness are counted in this launcher's own reads, each at most `CAP` s:
-a launcher that was itself not scheduled for a while counts no one silent or late for it.
+launch.sh ends that node (`leaving.own_end`: `job.decide` on its ranks' records and the launcher's own code), said when
+Paddle's launcher has decided that code and before it stops MASTER's store (`leaving.note_end`); a node serving that
+store keeps it up `LINGER` s more, for the others to read it. Until its own ranks have joined it reads the others': a
+node that left, whose beat has not changed for `SILENCE` s (killed, its host down, the network cut), or whose MASTER has
+not answered for `SILENCE` s (the node serving MASTER's store is gone: the store is a thread of its launcher) is lost; a
+node whose ranks are not all in the join the start-up allowance after this node's ranks all were is late (alive, but a
+start-up stalled there: it beats on for ever). The allowance is the run's own (`hang_timeout`, at least `progress.START`
+s; 0: none), which each rank of this node marks with its join; it is counted from this node's own arrival, not from the
+meeting, so a start-up that is as slow on every node is nobody's lateness. Silence and lateness are counted in this
+launcher's own reads, each at most `CAP` s: a launcher that was itself not scheduled for a while counts no one silent or
+late for it.
 
 A lost or late node is acted on once every rank of this node waits in the join: each rank marks `joining.R` (its pid
 and allowance) and `joined.R` in the directory `JOIN_ENV` names (`job.joined`, around `distributed.setup`'s join). A
 rank of this node still starting up may yet fail on its own (the same bad key on every node), and a rank that died is
 its own failure: both are the launcher's to report, as before. Then one line names the node, this node's ranks are
 killed and the launcher ends with the class of the first cause, so that every node's launch.sh does the same
-(`leaving.follow`): a node that left with a usage error (2) or was stopped by a signal (130, 143) ends the others so, never
-restarted; one whose ranks could not join (75, which its launch.sh retries with new ports) ends them with 75 and the
-records that make theirs retry too; a node that vanished without a word (silent, or MASTER gone with the node serving
-it: killed, its host down, the network cut) ends them as a failed join does, 75 (`leaving.VANISHED`: nothing has run, a
-new launch may succeed, so launch.sh meets the nodes at MASTER again with new ports, and a scheduler reads
+(`leaving.follow`): a node that left with a usage error (2) or was stopped by a signal (130, 143) ends the others so,
+never restarted; one whose ranks could not join (75, which its launch.sh retries with new ports) ends them with 75 and
+the records that make theirs retry too; a node that vanished without a word (silent, or MASTER gone with the node
+serving it: killed, its host down, the network cut) ends them as a failed join does, 75 (`leaving.VANISHED`: nothing has
+run, a new launch may succeed, so launch.sh meets the nodes at MASTER again with new ports, and a scheduler reads
 EX_TEMPFAIL); any other end is `LOST` (1) and a late node `HUNG` (124), restarted under MAX_RESTART. A node whose own
 ranks still start up when another left with `HUNG` is late itself (the others name every node not in the join by their
 deadline): it ends too, its ranks killed, `HUNG`, where its stalled rank would otherwise hold it for ever. Plain HTTP
@@ -147,11 +148,11 @@ class Watch:
                 self.store.put(self.key(self.me), value)
 
     def leave(self, end: tuple[int, str] | None = None) -> None:
-        """At the launcher's exit: a node whose ranks never joined says so, and how it ends (`end`, else `leaving.own_end()`):
-        the others stop waiting now, and end the same way (`leaving.follow`). A node serving MASTER's store keeps it up
-        `LINGER` s more: the store ends with this launcher, and the others poll it. On a signal not here but in
-        `keep_up`, once Paddle has told the ranks to stop: here it held the signal handler, so the ranks were told
-        LINGER s late."""
+        """At the launcher's exit: a node whose ranks never joined says so, and how it ends (`end`, else
+        `leaving.own_end()`): the others stop waiting now, and end the same way (`leaving.follow`). A node serving
+        MASTER's store keeps it up `LINGER` s more: the store ends with this launcher, and the others poll it. On a
+        signal not here but in `keep_up`, once Paddle has told the ranks to stop: here it held the signal handler, so
+        the ranks were told LINGER s late."""
         code, signalled = leaving.ended_with()  # on a signal the store is kept up after the ranks stop (`keep_up`)
         if self.done and not self.gone and end is None:  # after the join: said, and a node lost meanwhile named
             return after_join.end(self, code, not signalled and leaving.own_end()[0] == 0, describe,
@@ -275,8 +276,8 @@ class Watch:
         if why == "late":
             return (f"launch.sh: {who}: {describe(self.nodes[j])}{more} has not brought its ranks to the join of the "
                     f"process group {self.late[j]:.0f} s after this node's (a start-up stalled there, or slower than "
-                    f"the {self.allowance:.0f} s the run allows it: hang_timeout's start-up allowance; its workerlog says "
-                    f"where its ranks are); this node's {ranks} too{tail}")
+                    f"the {self.allowance:.0f} s the run allows it: hang_timeout's start-up allowance; its workerlog "
+                    f"says where its ranks are); this node's {ranks} too{tail}")
         how = leaving.how(*self.ends[j]) if why == "left" else {
             "silent": f"it has not beaten at MASTER for {SILENCE:.0f} s (killed, or its host down or unreachable)",
             "master": f"MASTER {self.master}, which it serves, has not answered for {SILENCE:.0f} s (killed, or its "
