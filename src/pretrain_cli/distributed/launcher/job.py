@@ -9,9 +9,10 @@ usage error, a system error, a failed rendezvous; the rank watcher: the signal o
 first), and `decide()` reads them: a usage error on any rank is exit 2 and is not retried; a failed
 rendezvous (exit 75, EX_TEMPFAIL) is retried with new ports without counting as a restart; otherwise the
 first rank's own code (124 for a rank that made no progress, `distributed.launcher.watcher.HUNG`; 1 for a node whose
-ranks were all stopped by another node's failure), retried while MAX_RESTART allows. The rank watchers write their records after the launcher may have exited, so `decide` first
-waits for them (`wait_for_watchers`), and `account.cause` gives the console, once, on stderr, the record's line, where Paddle's
-launcher named the lowest rank it saw stop, usually one stopped because another died (`failure_report`).
+ranks were all stopped by another node's failure), retried while MAX_RESTART allows. The rank watchers write their
+records after the launcher may have exited, so `decide` first waits for them (`wait_for_watchers`), and `account.cause`
+gives the console, once, on stderr, the record's line, where Paddle's launcher named the lowest rank it saw stop,
+usually one stopped because another died (`failure_report`).
 """
 from __future__ import annotations
 
