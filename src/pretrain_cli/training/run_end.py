@@ -133,7 +133,8 @@ def exported(output_dir, step: int) -> bool:
 def nothing_to_train(step: int, max_steps: int) -> str:
     if step == max_steps:
         return f"already at max_steps={max_steps}: nothing to train; raise max_steps to continue"
-    return f"already at step {step}, past max_steps={max_steps}: nothing to train; raise max_steps above {step} to continue"
+    return (f"already at step {step}, past max_steps={max_steps}: nothing to train; raise max_steps above {step} "
+            f"to continue")
 
 
 def train_results(trainer) -> dict:

@@ -335,7 +335,8 @@ class Trainer(TrainLog):
         batches = split_batches(self.splits.get(split), bs, iters, topo.data_rank, topo.data_world_size)
         total, count, _ = loss_sum(self.model, batches, self.amp.autocast, shard=self.strategy.shard_batch,
                                    to_host=self.strategy.to_host)
-        if not self.strategy.global_batch:  # each rank summed its data rank's slice, which its stages and tp ranks share
+        # each rank summed its data rank's slice, which its stages and tp ranks share
+        if not self.strategy.global_batch:
             copies = topo.world_size // topo.data_world_size
             total, count = self.comm.sum(total) / copies, self.comm.sum(count) / copies
         loss = total / max(count, 1.0)
