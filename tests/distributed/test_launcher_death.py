@@ -2,12 +2,15 @@
 closed terminal, a dropped ssh session: it does not handle SIGHUP) or of SIGKILL. Its ranks, in sessions of their own,
 get the kernel's SIGTERM at its death (`distributed.launcher.launch.end_with_launcher`): they finish the step, agree
 the stop, save, release the run lock and exit. Before, the kernel SIGKILLed them: the work since the last checkpoint
-was lost and run.lock left behind. On two nodes the other node's rank agrees the stop and saves with it, and its
-launcher ends with exit 0. (The deadline for a rank that cannot stop: tests/unit/test_launcher_deadline.py.)"""
+was lost and run.lock left behind. On two nodes the other node's rank agrees the stop and saves with it, names the
+node whose launcher died and ends 1, its launcher too (`training.node_loss`). (The deadline for a rank that cannot
+stop: tests/unit/test_launcher_deadline.py.)"""
 import contextlib
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -45,7 +48,9 @@ def test_ranks_whose_launcher_dies_stop_save_and_end(corpus, tmp_path, kill):
 
 def test_the_other_nodes_rank_agrees_the_stop_when_one_nodes_launcher_dies(corpus, tmp_path):
     """Two nodes on loopback (`PCLI_HOSTNAME`: two hosts to the watchers), one rank each; node 0's launcher
-    SIGKILLed."""
+    SIGKILLed. Node 1's rank stops and saves with node 0's, then names node 0 as lost and ends 1: it ended 0, and
+    Paddle's launcher with it, so a scheduler recorded success with a node gone (launch.sh's own watch, `after_join`,
+    does not run under Paddle's launcher run directly; the ranks know it themselves: `training.node_loss`)."""
     from pretrain_cli.distributed.launcher.ports import reserve
 
     cfg = write_config(tmp_path / "cfg.json", corpus, tmp_path / "out", max_steps=100000, save_steps=100000)
@@ -66,7 +71,7 @@ def test_the_other_nodes_rank_agrees_the_stop_when_one_nodes_launcher_dies(corpu
             said = lambda: "\n".join(read_log(log)[-3000:] for log in logs)  # noqa: E731
             wait_until(jobs, lambda: any("global_step: 3," in read_log(log) for log in logs), 300, said)  # rank 0's
             os.killpg(jobs[0].proc.pid, signal.SIGKILL)
-            assert jobs[1].proc.wait(timeout=120) == 0, said()  # its rank stopped and saved: a clean end
+            assert jobs[1].proc.wait(timeout=120) == 1, said()  # its rank stopped and saved, for a node lost
             wait_until([], lambda: not jobs[0].pids(), 120, lambda: f"{jobs[0].pids()}\n{said()}", poll=0.5)
     finally:
         held.release()
@@ -74,4 +79,10 @@ def test_the_other_nodes_rank_agrees_the_stop_when_one_nodes_launcher_dies(corpu
     step = json.loads((ckpt / "trainer_state.json").read_text())["global_step"]
     assert all(f"stopped at step {step} and saved" in read_log(log) for log in logs), said()
     assert "received SIGTERM (its launcher died" in read_log(logs[0]), said()
+    ranks = [int(re.search(r"rank (\d) of 2 started", read_log(log)).group(1)) for log in logs]  # (the meeting's order)
+    lost = (f"error: rank {ranks[1]}: lost the node of rank {ranks[0]} (host {socket.gethostname()}, 127.0.0.1) while "
+            f"the ranks ran: its launcher died (killed, or its terminal or session closed), and its ranks stopped at "
+            f"their launcher's death; this node's rank {ranks[1]} stopped too: stopped at step {step} and saved")
+    assert lost in read_log(logs[1]) and "lost the node" not in read_log(logs[0]), said()
+    assert "Traceback" not in read_log(logs[1]), said()
     assert not (tmp_path / "out" / "run.lock").exists() and read_checkpoint(ckpt, "weights")

@@ -84,9 +84,9 @@ def test_each_kind_of_end_leaves_its_one_way(monkeypatch):
     assert len(fake.calls) == 3
 
 
-def _finish_ending_with(monkeypatch, train):
+def _finish_ending_with(monkeypatch, train, lost_nodes=()):
     """`run_end.finish` on one rank whose loop ends by `train()` (a result or an error): the kind of end it left by,
-    what it raised."""
+    what it raised (`lost_nodes`: the ranks whose launcher died, as the loop read them at its stop)."""
     from types import SimpleNamespace as NS
 
     from pretrain_cli.training import run_end
@@ -98,7 +98,7 @@ def _finish_ending_with(monkeypatch, train):
     trainer = NS(state=NS(global_step=2, train_seconds=1.0, consumed_samples=8, tokens_seen=64, loss_sum=1.0,
                           interval_loss=0.0, skipped_steps=0),
                  train=train, throughput=NS(tokens_this_launch=64), process_seconds=1.0, loop=r.loop, seq_len=8,
-                 record_closing=lambda values: None)
+                 record_closing=lambda values: None, lost_nodes=list(lost_nodes))
     collaborators = NS(saver=NS(wait=lambda: None, abandon=lambda error: None), close=lambda: None)
     try:
         out = run_end.finish(r, trainer, NoComm(), collaborators)
@@ -129,3 +129,9 @@ def test_run_end_names_the_kind_of_each_end_once(monkeypatch):
     assert ends == [(rank_exit.End.DONE, "NoneType")] and out["global_step"] == 2
     ends, out = _finish_ending_with(monkeypatch, _raises(RuntimeError("gloo: connection reset")))
     assert ends == [] and isinstance(out, RuntimeError)  # (a crash: the watcher stays, to name what it sees)
+    # stopped with the others for a node whose launcher died (`node_loss`): the same agreed end, then exit 1
+    ends, out = _finish_ending_with(monkeypatch, lambda: {"stopped_by_signal": True},
+                                    [{"rank": 1, "host": "b", "ip": "10.0.0.2"}])
+    assert ends == [(rank_exit.End.AGREED, "PeerFailed")] and isinstance(out, PeerFailed) and out.exit_code == 1
+    assert str(out).startswith("rank 0: lost the node of rank 1 (host b, 10.0.0.2) while the ranks ran: ") and \
+        "this node's rank 0 stopped too: stopped at step 2 and saved; re-run the same command" in str(out)

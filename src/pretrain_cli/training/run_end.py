@@ -8,8 +8,9 @@ from pathlib import Path
 
 from pretrain_cli import run_dir
 from pretrain_cli.distributed.launcher import progress, rerun
-from pretrain_cli.errors import OUT_OF_MEMORY, DeviceOutOfMemory, UserError, is_out_of_memory, os_error_line
-from pretrain_cli.training import checkpoint, closing, rank_exit
+from pretrain_cli.errors import (OUT_OF_MEMORY, DeviceOutOfMemory, PeerFailed, UserError, is_out_of_memory,
+                                 os_error_line)
+from pretrain_cli.training import checkpoint, closing, node_loss, rank_exit
 from pretrain_cli.training.metrics import log
 from pretrain_cli.training.spike import SpikeError
 from pretrain_cli.training.closing import progress_or_epoch
@@ -38,7 +39,10 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
             from pretrain_cli.distributed.launcher import job
 
             message = stop_message(r.output, trainer.state.global_step)
-            job.record(r.parallel.rank, 0, "stopped", message)  # launch.sh: a stop, not a failure to retry
+            if trainer.lost_nodes:  # stopped for a node whose launcher died: no success (`node_loss`), exit 1
+                error = PeerFailed(node_loss.line(r.parallel.rank, trainer.lost_nodes, _node_ranks(r), message))
+            else:
+                job.record(r.parallel.rank, 0, "stopped", message)  # launch.sh: a stop, not a failure to retry
             if r.parallel.is_rank0:  # the metrics so far, then how to go on: the log's last lines
                 closing.log_block(closing.closing_metrics(train_results(trainer)))
                 message = closing.stopped(message, r.output.output_dir, trainer.state.global_step)
@@ -76,6 +80,14 @@ def finish(r: RunConfig, trainer, comm, collaborators: Collaborators) -> dict | 
         comm.wait_for_rank0("writing the final model")
         return None
     return results
+
+
+def _node_ranks(r: RunConfig) -> list[int]:
+    """The ranks of this node (the launcher numbers a node's ranks in a row)."""
+    from pretrain_cli.distributed.launcher import launch
+
+    first = r.parallel.rank - launch.local_rank()
+    return list(range(first, first + launch.local_size()))
 
 
 def _final_results(r: RunConfig, trainer) -> dict:

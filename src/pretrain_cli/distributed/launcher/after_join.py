@@ -19,6 +19,10 @@ as done (its final export written, no `stopped` record) is never a loss: another
 waited for a node that had finished. A node serving MASTER's store keeps it up until every other node has said
 `ended` (at most `joining.LINGER` s): on a signal only once Paddle has stopped its ranks (`keep_up`, from
 `rendezvous`), so that the signal reaches them at once (it reached them 5.3-5.6 s late, the ranks training on).
+Where the lost node's ranks live on to agree the stop (its launcher killed), they say their launcher's death themselves
+and this node's ranks end 1 naming it (`training.node_loss`), which needs no launcher of ours: this look is then
+skipped (no success); it remains for a launcher lost after the ranks had agreed their stop, too late for its ranks to
+say it.
 """
 from __future__ import annotations
 
