@@ -8,6 +8,7 @@ A100 peak on H100, 104 % MFU), so an unknown device gets no MFU rather than a gu
 from __future__ import annotations
 
 import functools
+import re
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -67,27 +68,43 @@ DEVICES = {
 }
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "v100": "v100-32gb", "a800": "a800-80gb",
            "16gb": "v100-16gb", "3090": "rtx3090", "4090": "rtx4090"}
+# The form factors each entry's figures are the datasheet's for, as driver names spell them ("NVIDIA A100 80GB PCIe",
+# "NVIDIA H100 80GB HBM3": the SXM5 card). The A100/A800 datasheets give the PCIe cards the SXM4 ones' peaks and
+# memory; a V100 PCIe (112 fp16 TFLOPS), an H800 PCIe, an H100 NVL or an H200 NVL has its own figures, not in the
+# table: a name with a form factor its entry lacks (or any other word) matches nothing.
+FORMS = {"V100-16GB": {"sxm", "sxm2"}, "V100-32GB": {"sxm", "sxm2"}, "A100-40GB": {"sxm", "sxm4", "pcie"},
+         "A100-80GB": {"sxm", "sxm4", "pcie"}, "A800-80GB": {"sxm", "sxm4", "pcie"},
+         "H100-SXM": {"sxm", "sxm5", "hbm3"}, "H100-PCIe": {"pcie"}, "H800": {"sxm", "sxm5", "hbm3"},
+         "H200": {"sxm", "hbm3e"}}
+_MAKERS = {"nvidia", "tesla", "geforce"}  # words of a driver's name that name no device
 
 
 def lookup(name: str) -> Device | None:
-    """Match a user-given or driver-reported name ("NVIDIA A100-SXM4-80GB") to a table entry."""
+    """The table entry of a user-given or driver-reported name ("NVIDIA A100-SXM4-80GB"), or None. A driver name is
+    matched word by word: its model (an entry's first word: "L40" is not "L4", "GH200" not "H200"), then each other
+    word a memory size the entry has or a form factor it covers (`FORMS`). Without a memory size, the model's
+    `ALIASES` entry where it has several."""
     key = name.lower().replace("nvidia", "").replace("tesla", "").strip().replace(" ", "-")
     if key in DEVICES:
         return DEVICES[key]
     if key in ALIASES:
         return DEVICES[ALIASES[key]]
-    stems = {k.split("-")[0] for k in DEVICES}
-    for stem in sorted(stems, key=len, reverse=True):
-        if stem not in key and stem not in key.replace("-", ""):
-            continue
-        options = [d for k, d in DEVICES.items() if k.split("-")[0] == stem]
-        for d in options:  # the memory size or form factor in the name decides between variants
-            tail = d.name.lower().split("-")[1:]
-            if tail and all(part.replace("gb", "") in key for part in tail):
-                return d
-        default = ALIASES.get(stem)
-        return DEVICES[default] if default else options[0]
-    return None
+    words = [w for w in re.split(r"[\s_-]+", name.lower()) if w and w not in _MAKERS]
+    if words[:1] == ["rtx"] and len(words) > 1:  # "GeForce RTX 4090": the table's RTX4090
+        words = ["rtx" + words[1], *words[2:]]
+    if not words:
+        return None
+    model, rest = words[0], words[1:]
+    options = [d for k, d in DEVICES.items() if k.split("-")[0] == model]
+    for word in rest:
+        if re.fullmatch(r"\d+gb", word):
+            options = [d for d in options if f"{d.memory_gib:g}gb" == word]
+        else:
+            options = [d for d in options if word in FORMS.get(d.name, ())]
+    if len(options) > 1:
+        default = DEVICES.get(ALIASES.get(model, ""))
+        return default if default in options else None
+    return options[0] if options else None
 
 
 @dataclass(frozen=True)

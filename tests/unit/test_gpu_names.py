@@ -1,0 +1,66 @@
+"""Driver names (`nvidia-smi --query-gpu=name`, what `runtime.gpu_name` reads) matched to the hardware table: the
+trainer's MFU and `plan`'s figures come from the entry, so a name must reach its own device's entry or none (no
+MFU), never a neighbour's ("NVIDIA L40" is not the L4, "NVIDIA H100 NVL" not the SXM card)."""
+import pytest
+
+from pretrain_cli.planning import hardware
+
+DRIVER_NAMES = {
+    "Tesla V100-SXM2-16GB": "V100-16GB",
+    "Tesla V100-SXM2-32GB": "V100-32GB",
+    "Tesla V100-PCIE-32GB": None,  # 112 fp16 TFLOPS, not the SXM2's 125
+    "Tesla V100S-PCIE-32GB": None,
+    "Tesla T4": "T4",
+    "NVIDIA A10": "A10",
+    "NVIDIA A10G": None,  # AWS's variant, its own figures
+    "NVIDIA A100-SXM4-40GB": "A100-40GB",
+    "NVIDIA A100-SXM4-80GB": "A100-80GB",
+    "NVIDIA A100-PCIE-40GB": "A100-40GB",  # the datasheet's PCIe peaks and memory are the SXM4's
+    "NVIDIA A100 80GB PCIe": "A100-80GB",
+    "NVIDIA A800-SXM4-80GB": "A800-80GB",
+    "NVIDIA A800 80GB PCIe": "A800-80GB",
+    "NVIDIA A800-SXM4-40GB": None,  # the table has no 40 GB A800
+    "NVIDIA L4": "L4",
+    "NVIDIA L40": None,  # not the L4 (24 GB, 121 TFLOPS)
+    "NVIDIA L40S": "L40S",
+    "NVIDIA GeForce RTX 3090": "RTX3090",
+    "NVIDIA GeForce RTX 3090 Ti": None,
+    "NVIDIA GeForce RTX 4090": "RTX4090",
+    "NVIDIA GeForce RTX 4090 D": None,
+    "NVIDIA GeForce RTX 2080 Ti": None,
+    "NVIDIA H100 80GB HBM3": "H100-SXM",  # the SXM5 card's name
+    "NVIDIA H100 PCIe": "H100-PCIe",
+    "NVIDIA H100 NVL": None,  # 94 GB, its own peak: not the SXM card's
+    "NVIDIA H800": "H800",
+    "NVIDIA H800 PCIe": None,  # not the SXM H800's figures
+    "NVIDIA H20": "H20",
+    "NVIDIA H200": "H200",
+    "NVIDIA H200 NVL": None,
+    "NVIDIA GH200 480GB": None,  # not the H200
+    "NVIDIA B200": None,
+}
+
+
+@pytest.mark.parametrize("name", sorted(DRIVER_NAMES))
+def test_a_driver_name_reaches_its_own_entry_or_none(name):
+    entry = hardware.lookup(name)
+    assert (entry.name if entry is not None else None) == DRIVER_NAMES[name]
+
+
+def test_the_names_plan_accepts_still_resolve():
+    """`plan --device`: the table's names in any case, the aliases, spaces for dashes."""
+    for entry in hardware.DEVICES.values():
+        assert hardware.lookup(entry.name) is entry and hardware.lookup(entry.name.upper()) is entry
+    for alias, key in hardware.ALIASES.items():
+        assert hardware.lookup(alias) is hardware.DEVICES[key]
+    assert hardware.lookup("rtx 4090").name == "RTX4090" and hardware.lookup("a100 40gb").name == "A100-40GB"
+    assert hardware.lookup("H100 SXM").name == "H100-SXM" and hardware.lookup("cpu") is None
+
+
+def test_an_unmatched_driver_name_gets_no_mfu():
+    """The trainer's MFU (`training.metrics.resolve_peak`, then `hardware.resolve_peak`): no entry, no peak, the name
+    said."""
+    peak, why = hardware.resolve_peak(hardware.lookup("NVIDIA L40"), "NVIDIA L40", "bfloat16")
+    assert peak is None and why == "NVIDIA L40 has no table entry"
+    peak, why = hardware.resolve_peak(hardware.lookup("NVIDIA H100 80GB HBM3"), "NVIDIA H100 80GB HBM3", "bfloat16")
+    assert peak == 989.0 and "H100-SXM dense bf16" in why
