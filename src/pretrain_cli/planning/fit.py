@@ -49,11 +49,11 @@ def search(current: dict, base: Plan, replan, budget_gib: float, fewest_first: b
     called per candidate and `close()` at the end (`commands.plan`'s line and bar), or None.
 
     Returns {"best": entry | None, "smallest": entry | None, "tried": n, "valid": n, "skipped": n, "faster": entry |
-    None}; an entry is {"change", "report", "speed"} (speed None where it does not fit); "faster": the fastest layout
-    planned where it is over the budget (`faster_over_budget`; ranked by speed, not `fewest_first`). "skipped": the candidates not planned, as no
-    plan of them can fit or be the smallest: a larger micro-batch of a layout already over the budget
-    (`grows_with_micro_batch`), and every candidate of a split whose state alone is over the budget and over the
-    least memory planned so far (`state_floor`). DeepSeek-V3 at 4,096 tokens on 224 H100 (--fit, O1 and O2
+    None}; an entry is {"change", "report", "speed"} (speed None where it does not fit); "faster": a layout faster
+    than "best" and over the budget, why it is not the answer (`faster_over_budget`; not under `fewest_first`).
+    "skipped": the candidates not planned, as no plan of them can fit or be the smallest: a larger micro-batch of a
+    layout already over the budget (`grows_with_micro_batch`), and every candidate of a split whose state alone is
+    over the budget and over the least memory planned so far (`state_floor`). DeepSeek-V3 at 4,096 tokens on 224 H100 (--fit, O1 and O2
     searched): 8.5 s of CPU, 128 s with the micro-batch skip alone (docs/PLAN.md); the same pick
     (tests/unit/test_plan_fit_pruning.py).
     """
