@@ -215,17 +215,13 @@ class RunSpec:
                 f"{self._capacity()}; expert parallel degree {p.ep_degree}")
 
     def _capacity(self) -> str:
-        """`capacity_factor` as what it keeps at this run's micro-batch: a factor alone does not say that 1.0 keeps
-        only the balanced share, so any imbalance drops assignments (docs/MOE.md, "Token dropping")."""
-        cfg, moe = self.model_cfg, self.run.moe
+        """`capacity_factor` as what it keeps at this run's micro-batch (`planning.experts.capacity_words`, the words
+        `plan`'s capacity line says it in too)."""
+        from pretrain_cli.planning.experts import capacity_words
+
+        cfg = self.model_cfg
         tokens = self.run.loop.micro_batch * self.run.data.max_seq_length  # one forward's tokens on one data rank
-        cap = moe.expert_capacity(tokens, cfg.num_experts_per_tok, cfg.num_experts)
-        if cap is None:
-            return "capacity_factor 0 (dropless: every assignment computed)"
-        assigned = tokens * cfg.num_experts_per_tok
-        return (f"capacity_factor {moe.capacity_factor:g}: an expert computes at most {cap:,} of a micro-batch's "
-                f"{assigned:,} assignments ({tokens:,} tokens x top-{cfg.num_experts_per_tok}; "
-                f"{assigned / cfg.num_experts:,.4g} each at balance), the rest dropped (evaluation is dropless)")
+        return capacity_words(self.run.moe.capacity_factor, tokens, cfg.num_experts_per_tok, cfg.num_experts)
 
     def _evaluations(self) -> str:
         """When the run evaluates: every eval_steps in the loop, and after the last step (`training.run`'s final

@@ -64,7 +64,8 @@ def eval_parts(s: Setup, eval_batch: int, stages: list[dict]) -> dict[str, float
     """Name → bytes of the evaluation's peak on the fullest stage (`stages`: the training plan's parts per pipeline
     stage, `memory.pipeline_stages`, or [`memory.estimate`] for one): "held" between steps, the eval batch's
     "forward" and the "framework" (on a GPU the CUDA context and the allocator's fragmentation of the rest)."""
-    e = dataclasses.replace(s, micro_batch=eval_batch, recompute=None, micro_batches=1)
+    # (evaluation is dropless: `models.moe.SparseMoeBlock` computes every assignment outside training)
+    e = dataclasses.replace(s, micro_batch=eval_batch, recompute=None, micro_batches=1, capacity_factor=0.0)
     out, by_kind = [], {}
     for stage, parts in enumerate(stages):
         held = sum(parts.get(k, 0.0) for k in HELD)

@@ -8,6 +8,7 @@ import math
 
 from pretrain_cli.models.flops import experts, param_counts
 from pretrain_cli.ops.grouped import PAD_WASTE
+from pretrain_cli.run_config import MoeConfig
 
 # Bytes per routed token-expert pair beside the expert's own tensors: the int64 sort order, the token indices its
 # gather and combine keep, the padded path's slots, the top-k indices and the fp32 combine weights. Measured on CPU
@@ -49,34 +50,90 @@ def mlp_per_token(s, sparse: bool) -> float:
 
 def routed_per_token(s) -> float:
     """Bytes a token's k routed copies keep through their experts (`models.moe.dispatch_local`, `ops.grouped`):
-    per copy the weighted output the combine's multiply keeps (c·h, whole), the GEMMs' input row, the gate|up output
-    SwiGLU keeps and the SwiGLU product the down GEMM keeps (c·(h + 3F/tp)) on every row the GEMMs run
-    (`padded_rows`), and `ROUTING_BYTES` of indices and weights. Measured on CPU (fp32, Paddle's ops,
-    micro-qwen3-moe and micro-deepseek-v2 at b 2 × s 128, b 4 × s 256 and widened to h = F = 128), these terms plan a
-    sparse layer's MLP −0.2 % to +4.4 % of what it keeps, where c·(2h + 4F/tp) (a silu and a product kept apart, no
-    padding, no indices) would plan −5.0 % to +7.0 % (docs/PLAN.md, Mixture-of-Experts)."""
+    per copy the experts compute (`kept_share`) the weighted output the combine's multiply keeps (c·h, whole), the
+    GEMMs' input row, the gate|up output SwiGLU keeps and the SwiGLU product the down GEMM keeps (c·(h + 3F/tp)) on
+    every row the GEMMs run (`padded_rows`), and per copy routed `ROUTING_BYTES` of indices and weights. Measured on
+    CPU (fp32, Paddle's ops, micro-qwen3-moe and micro-deepseek-v2 at b 2 × s 128, b 4 × s 256 and widened to h = F
+    = 128), these terms plan a sparse layer's MLP −0.2 % to +4.4 % of what it keeps, where c·(2h + 4F/tp) (a silu and
+    a product kept apart, no padding, no indices) would plan −5.0 % to +7.0 % (docs/PLAN.md, Mixture-of-Experts)."""
     cfg, c = s.model, s.compute_bytes
     e, h = experts(cfg), cfg.hidden_size
-    return e.top_k * (c * h + padded_rows(s) * c * (h + 3 * e.width / s.tp) + ROUTING_BYTES)
+    return e.top_k * (kept_share(s) * c * h + padded_rows(s) * c * (h + 3 * e.width / s.tp) + ROUTING_BYTES)
+
+
+def capacity_ratio(s) -> float:
+    """An expert's capacity over its balanced share of a micro-batch's routed assignments (`capacity_factor` > 0:
+    `run_config.MoeConfig.expert_capacity`, ceil(factor · b·s · k / E) / (b·s · k / E), at least the factor); inf
+    dropless. The capacity is counted over one forward's tokens, b·s (expert and context parallelism, which would
+    count others, are refused with it: `config.expert`, `config.moe`)."""
+    e = experts(s.model)
+    if e is None or s.capacity_factor <= 0:
+        return math.inf
+    tokens = s.micro_batch * s.seq_len
+    cap = MoeConfig(capacity_factor=s.capacity_factor).expert_capacity(tokens, e.top_k, e.routed)
+    return cap * e.routed / (tokens * e.top_k)
+
+
+def kept_share(s) -> float:
+    """The share of a micro-batch's routed assignments the experts compute in training: 1 dropless; under
+    `capacity_factor` at balanced routing (the memory and speed models' assumption) each expert keeps at most its
+    capacity of its balanced share, so min(1, `capacity_ratio`): a factor of 1 or more drops nothing at balance
+    (only imbalance, which the models leave out, drops), 0.5 half of them. Evaluation is dropless
+    (`eval_memory.eval_parts` plans it without the capacity)."""
+    return min(1.0, capacity_ratio(s))
+
+
+def capacity_words(factor: float, tokens: int, top_k: int, num_experts: int) -> str:
+    """`capacity_factor` as what it keeps at a micro-batch of `tokens`: a factor alone does not say that 1.0 keeps
+    only the balanced share, so any imbalance drops assignments (docs/MOE.md, "Token dropping"). The run's experts
+    line (`orchestration.run_spec`) and `plan`'s capacity line say it in these words."""
+    cap = MoeConfig(capacity_factor=factor).expert_capacity(tokens, top_k, num_experts)
+    if cap is None:
+        return "capacity_factor 0 (dropless: every assignment computed)"
+    assigned = tokens * top_k
+    return (f"capacity_factor {factor:g}: an expert computes at most {cap:,} of a micro-batch's "
+            f"{assigned:,} assignments ({tokens:,} tokens x top-{top_k}; "
+            f"{assigned / num_experts:,.4g} each at balance), the rest dropped (evaluation is dropless)")
+
+
+def capacity_plan(s, max_seq_length: int) -> dict:
+    """What `plan` assumes per expert of a MoE run ({} for a dense model): the run's capacity in its own words
+    (`capacity_words`, as its experts line says it at a micro-batch of b · `max_seq_length` tokens), an expert's
+    balanced share of a micro-batch's assignments, and what the memory and speed models plan it to compute: that
+    share, or the capacity where it is smaller (`kept_share`)."""
+    e = experts(s.model)
+    if e is None:
+        return {}
+    tokens = s.micro_batch * max_seq_length
+    balanced = tokens * e.top_k / e.routed
+    return {"capacity_factor": s.capacity_factor, "words": capacity_words(s.capacity_factor, tokens, e.top_k,
+                                                                          e.routed),
+            "balanced": balanced, "kept_share": kept_share(s), "per_expert": balanced * kept_share(s)}
 
 
 def padded_rows(s) -> float:
-    """Rows the experts' GEMMs run per routed row. A GPU's grouped GEMM runs the segments as they are (1); the CPU's
-    (`ops.grouped.grouped_mlp_cpu`) pads every expert to the busiest one's rows while that wastes at most `PAD_WASTE`,
-    else runs the segments (1); under the semi-auto engine it always pads (one graph on every rank:
+    """Rows the experts' GEMMs run per routed assignment. A GPU's grouped GEMM runs the segments as they are (1); the
+    CPU's (`ops.grouped.grouped_mlp_cpu`) pads every expert to the busiest one's rows while that wastes at most
+    `PAD_WASTE`, else runs the segments (1); under the semi-auto engine it always pads (one graph on every rank:
     `distributed.steps.local_kernels._same_graph`). The busiest of E experts holding m rows on average under
     balanced routing (each copy to an expert at random): m + √(2·m·ln E), so 1 + √(2·ln E / m) per row: 1.25 at
     m = 64 and E = 8, 1.13 at m = 256 (measured: 1.20, 1.10). Under expert parallelism a rank's E/ep experts take
-    the group's rows."""
+    the group's rows. Under `capacity_factor` each expert runs at most its capacity, r = `capacity_ratio` of the
+    mean: the segments min(1, r) rows, the padded path min(pad, r), which pads where it wastes at most `PAD_WASTE`
+    of those kept (`grouped_mlp_cpu` compares with the kept counts): at factor 1 and m = 64, E = 8 the GEMMs run 1
+    row per assignment, not 1.25."""
     e = experts(s.model)
-    if s.device != "cpu" or e is None:
+    if e is None:
         return 1.0
+    ratio, kept = capacity_ratio(s), kept_share(s)
+    if s.device != "cpu":
+        return kept
     local = max(e.routed // max(s.ep, 1), 1)
     mean = s.micro_batch * s.seq_len * e.top_k / local  # rows an expert of this rank runs, on average
     if local < 2 or mean <= 0:
-        return 1.0
-    pad = 1 + math.sqrt(2 * math.log(local) / mean)
-    return pad if pad <= PAD_WASTE or s.distributed_tensors else 1.0  # the semi-auto engine always pads
+        return kept
+    pad = min(1 + math.sqrt(2 * math.log(local) / mean), ratio)  # the busiest expert's rows, cut at the capacity
+    return pad if pad <= PAD_WASTE * kept or s.distributed_tensors else kept  # the semi-auto engine always pads
 
 
 def backward_bytes(s) -> float:
@@ -120,13 +177,14 @@ def dense_mlp_per_token(s, width: int) -> float:
 def mlp_reduce_rows(s, sparse: bool) -> float:
     """Rows per token the MLP's tensor-parallel all-reduce carries in one layer: 1 for a dense layer (`sparse`
     false, or a dense model); for a sparse one the k routed copies (the experts' row-parallel outputs are summed
-    before the combine weights multiply them: `distributed.steps.moe_layouts`) and 1 for a shared expert. Per
-    layer, as each pipeline stage's traffic counts its own layers (`speed.stage_traffic`); averaged over the
-    model's layers before, a DeepSeek stage of dense layers was charged the sparse layers' k copies."""
+    before the combine weights multiply them: `distributed.steps.moe_layouts`; those computed, `kept_share`) and 1
+    for a shared expert. Per layer, as each pipeline stage's traffic counts its own layers (`speed.stage_traffic`);
+    averaged over the model's layers before, a DeepSeek stage of dense layers was charged the sparse layers' k
+    copies."""
     e = experts(s.model)
     if e is None or not sparse:
         return 1.0
-    return float(e.top_k + (1 if e.shared_width else 0))
+    return e.top_k * kept_share(s) + (1 if e.shared_width else 0)
 
 
 def expert_params(s) -> float:

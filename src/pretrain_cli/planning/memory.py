@@ -59,6 +59,7 @@ class Setup:
     cp: int = 1
     sp: bool = False  # sequence parallelism with tp (distributed.steps.sequence_parallel): norms and residuals ÷ tp
     ep: int = 1  # expert parallelism (distributed.steps.expert_parallel): each rank holds 1/ep of the routed experts
+    capacity_factor: float = 0.0  # a MoE run's token capacity (run_config.MoeConfig; 0: dropless): `experts.kept_share`
     # dp × sharding: ranks whose gradients are all-reduced (on CPU over gloo: `head_backward_bytes`)
     data_ranks: int = 1
 

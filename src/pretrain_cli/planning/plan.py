@@ -16,6 +16,7 @@ from pretrain_cli.models.stages import stage_layers
 from pretrain_cli.planning import hardware, layout
 from pretrain_cli.planning.activations import head_loss_bytes
 from pretrain_cli.planning.eval_memory import eval_parts
+from pretrain_cli.planning.experts import capacity_plan, kept_share
 from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate, pipeline_stages, startup_parts
 from pretrain_cli.planning.report import (CheckpointPlan, FlopsPerToken, ModelShape, Plan, PlannedDevice,
                                           PlannedLayout, PlannedPrecision)
@@ -120,7 +121,8 @@ def _setup(run: RunConfig, model_cfg, gpu: bool, baseline_bytes: float) -> Setup
         distributed_tensors=p.traits.distributed_tensors,
         document_mask=run.data.document_mask, reset_positions=run.data.reset_position_ids,
         fused_loss=k.fused_loss, pp=p.pp_degree, vpp=p.virtual_pp_degree, micro_batches=run.loop.grad_accum,
-        cp=p.cp_degree, sp=p.sequence_parallel, ep=p.ep_degree, data_ranks=p.data_world_size)
+        cp=p.cp_degree, sp=p.sequence_parallel, ep=p.ep_degree, data_ranks=p.data_world_size,
+        capacity_factor=run.moe.capacity_factor)
 
 
 def peak(run: RunConfig, device: Device, peak_tflops: float | None = None) -> tuple[float | None, str]:
@@ -195,10 +197,14 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
                                                                           hardware=True) / par.tp_degree,
                                 peak_tflops * 1e12 * mfu)
     bubble = pipeline_bubble(par.pp_degree, lp.grad_accum, par.virtual_pp_degree)
+    stage_fpt = stage_flops_per_token(setup)
+    hardware_fpt = flops_per_token(cfg, s, recompute=setup.recompute, hardware=True)
+    if kept_share(setup) < 1:  # what a capacity below the balanced share leaves the experts computing (the stages')
+        hardware_fpt = sum(stage_fpt)
     stages = tuple({"layers": len(layers), "sparse_layers": len(set(layers) & set(cfg.sparse_layers)),
                     "tflops_per_step": f * tokens / 1e12, "traffic_gb_per_step": {k: v / 1e9 for k, v in t.items()}}
                    for layers, f, t in zip(stage_layers(cfg.num_hidden_layers, par.pp_degree, par.virtual_pp_degree),
-                                           stage_flops_per_token(setup), stage_traffic(setup, par, param_counts(cfg))))
+                                           stage_fpt, stage_traffic(setup, par, param_counts(cfg))))
     r = Plan(
         config=config, device=PlannedDevice(device.name, device.memory_gib, peak_tflops, peak_source,
                                                   device.links),
@@ -207,7 +213,7 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
                          cfg.num_key_value_heads, cfg.vocab_size, cfg.num_experts,
                          cfg.num_experts_per_tok),
         params=param_counts(cfg), tied=bool(cfg.tie_word_embeddings),
-        flops_per_token=FlopsPerToken(model_fpt, flops_per_token(cfg, s, recompute=setup.recompute, hardware=True),
+        flops_per_token=FlopsPerToken(model_fpt, hardware_fpt,
                                       paddlenlp_flops_per_token(cfg, s, setup.recompute)),
         precision=PlannedPrecision(run.precision.amp_dtype or "float32", setup.amp_level),
         parallel=PlannedLayout(par.world_size, par.dp_degree, par.sharding_stage, par.sharding_degree, par.tp_degree,
@@ -225,6 +231,7 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
         mfu=mfu, mfu_given=mfu_given, eta_hours=None, notes=tuple(notes),
         layout=layout.explain(par, groups, device.node.gpus) if groups else None,
         mtp=mtp_share(setup, s, parts, model_fpt) if shown else {}, stages=stages,
+        capacity=capacity_plan(setup, s),
         eval_batch=lp.eval_batch if evaluates else 0,
         eval_breakdown_gib={k: v / GIB for k, v in evaluation.items()},
         eval_memory_gib=sum(evaluation.values()) / GIB if evaluates else None,

@@ -6,10 +6,10 @@ interleaved), then the data-parallel gradients. Each formula is written once her
 """
 from __future__ import annotations
 
-from pretrain_cli.models.flops import experts, flops_per_token, layer_counts
+from pretrain_cli.models.flops import experts, flops_per_token, layer_counts, param_counts
 from pretrain_cli.models.stages import stage_layers
 from pretrain_cli.planning import hardware
-from pretrain_cli.planning.experts import dispatch_bytes, mlp_reduce_rows
+from pretrain_cli.planning.experts import dispatch_bytes, kept_share, mlp_reduce_rows
 from pretrain_cli.planning.context import context_traffic_bytes, mtp_shift_bytes
 from pretrain_cli.planning.memory import Setup, mtp_params, stage_experts
 from pretrain_cli.planning.report import Plan, in_node, link_gbps, link_name
@@ -129,8 +129,10 @@ def stage_flops_per_token(s: Setup, hardware: bool = True) -> list[float]:
     parameters (a dense layer its MLP, a sparse one its router, shared experts and top_k routed experts) + its
     attention, and with `hardware` the forward `recompute` reruns; the last stage also the final norm, the LM head
     and the multi-token prediction modules (what `flops_per_token` counts beyond the decoder layers). The stages
-    sum to `flops_per_token`. Each stage was given 1/pp of it before: DeepSeek-V3's first stage at pp 16 (3 dense
-    layers) as much as one of 4 sparse layers."""
+    sum to `flops_per_token`; with `hardware`, less the routed assignments `capacity_factor` drops at balanced
+    routing (`experts.kept_share`: the training forward computes no more, so neither does the backward nor the
+    recompute), in the decoder's sparse layers and the modules'. Each stage was given 1/pp of it before:
+    DeepSeek-V3's first stage at pp 16 (3 dense layers) as much as one of 4 sparse layers."""
     cfg, seq = s.model, s.seq_len * s.cp
     recompute = s.recompute if hardware else None
     plain = flops_per_token(cfg, seq)
@@ -139,15 +141,20 @@ def stage_flops_per_token(s: Setup, hardware: bool = True) -> list[float]:
     again = {"full_attn": (flops_per_token(cfg, seq, "full_attn", hardware=True) - plain) / n_layers,
              "core_attn": attn}.get(recompute, 0.0)  # a layer's recomputed forward, the same in every layer
     e = experts(cfg)
+    kept = kept_share(s) if hardware else 1.0
 
-    def layer(counts: tuple) -> float:
+    def layer(counts: tuple, kept: float = 1.0) -> float:
         total, _, routed = counts
-        active = total - routed + (routed * e.top_k / e.routed if e else 0)  # its top_k routed experts of all
+        active = total - routed + (routed * e.top_k / e.routed * kept if e else 0)  # its top_k routed experts of all
         return 6 * active + 3 * attn + (2 * active + attn if recompute == "full" else again)
 
-    per_layer = [layer(c) for c in layer_counts(cfg)]
+    counts = layer_counts(cfg)
+    per_layer = [layer(c, kept) for c in counts]
     out = [sum(per_layer[i] for i in layers) for layers in stage_layers(n_layers, s.pp, s.vpp)]
-    out[-1] += flops_per_token(cfg, seq, recompute, hardware) - sum(per_layer)  # the head, norm, MTP modules
+    # the head, norm and MTP modules (less the modules' routed assignments the capacity drops: not recomputed)
+    out[-1] += flops_per_token(cfg, seq, recompute, hardware) - sum(layer(c) for c in counts)
+    if e and kept < 1:
+        out[-1] -= 6 * param_counts(cfg)["mtp_experts"] * e.top_k / e.routed * (1 - kept)
     return out
 
 

@@ -1,0 +1,63 @@
+"""`plan` on a MoE run's `capacity_factor`: one line in the words of the run's own experts line with what memory and
+time plan per expert, and the memory and speed models computing what the training forward computes (at most the
+capacity an expert; the evaluation dropless)."""
+from pathlib import Path
+
+import pytest
+
+from pretrain_cli.orchestration.planned import from_file
+from pretrain_cli.planning import hardware
+from pretrain_cli.planning.experts import capacity_words
+from pretrain_cli.planning.report import format_report
+
+TINY = str(Path(__file__).resolve().parents[2] / "configs" / "qwen3-moe-tiny_cpu.json")  # b 8 x s 256, top-4 of 16
+
+
+@pytest.fixture(autouse=True)
+def machine(monkeypatch):
+    monkeypatch.setattr(hardware, "cpu_memory_gib", lambda: 64.0)
+    monkeypatch.setattr(hardware, "host_available_gib", lambda: 64.0)
+
+
+def _plan(factor: float, device: str = "cpu"):
+    return from_file(TINY, ["--capacity_factor", str(factor)], device=device)
+
+
+def _line(r) -> str:
+    (line,) = [x for x in format_report(r).splitlines() if x.startswith("  capacity:")]
+    return line
+
+
+def test_plan_says_the_capacity_as_the_run_does_and_what_it_plans_per_expert():
+    """2,048 tokens x top-4 over 16 experts: 512 each at balance; 1.25 keeps 640 (nothing dropped at balance), 0.5
+    keeps 256, which memory and time then plan; dropless says so. The words are the run's experts line's."""
+    words = capacity_words(1.25, 2048, 4, 16)
+    assert words.startswith("capacity_factor 1.25: an expert computes at most 640 of a micro-batch's 8,192 assignments")
+    assert _line(_plan(1.25)) == (f"  capacity: {words}; memory and time plan 512 assignments a micro-batch per "
+                                  f"expert, its balanced share (balanced routing, under the capacity)")
+    assert _line(_plan(0.5)).endswith("memory and time plan 256 assignments a micro-batch per expert, the capacity, "
+                                      "50% of its balanced share")
+    assert _line(_plan(0)) == ("  capacity: capacity_factor 0 (dropless: every assignment computed); memory and time "
+                               "plan 512 assignments a micro-batch per expert, its balanced share (balanced routing)")
+    assert not any(x.startswith("  capacity:") for x in format_report(from_file(
+        str(Path(TINY).with_name("tiny_cpu.json")), [], device="cpu")).splitlines())  # a dense model: none
+
+
+def test_memory_counts_the_rows_the_capacity_leaves():
+    """The CPU's padded path pads every expert to the busiest one's rows (1.10 a routed row at 512 an expert); a
+    capacity of 1 cuts the busiest at the balanced share, so the GEMMs run 1 row a routed row: fewer activations.
+    A factor above the padding (2) changes nothing, 0.5 halves the routed rows; the evaluation stays dropless."""
+    act = {f: _plan(f).memory_breakdown_gib["activations"] for f in (0, 2, 1, 0.5)}
+    assert act[2] == act[0] and act[0] > act[1] > act[0.5]
+    assert _plan(0.5).eval_breakdown_gib == _plan(0).eval_breakdown_gib
+
+
+def test_time_counts_the_assignments_computed():
+    """At a factor below 1 the experts compute the capacity only: the hardware FLOPs and the time fall, the model
+    FLOPs (the MFU basis) do not; at 1.25 nothing is dropped at balance, so nothing changes."""
+    r0, r1, r5 = (_plan(f, "H100") for f in (0, 1.25, 0.5))
+    assert r1.flops_per_token == r0.flops_per_token and r1.eta_hours == r0.eta_hours
+    assert r5.flops_per_token.model == r0.flops_per_token.model
+    assert r5.flops_per_token.hardware < r0.flops_per_token.hardware and r5.eta_hours < r0.eta_hours
+    assert r5.stages[0]["tflops_per_step"] == pytest.approx(
+        r0.stages[0]["tflops_per_step"] * r5.flops_per_token.hardware / r0.flops_per_token.hardware)
