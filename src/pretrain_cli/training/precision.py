@@ -4,6 +4,11 @@ On CPU Paddle silently ignores `auto_cast` (ARCHITECTURE.md facts: AMP), so `con
 fp16/bf16 off there with a note; `Amp` is only built with a GPU and an AMP dtype. fp16 adds a loss
 scaler (O1/O2); bf16 has fp32's range and needs none.
 
+How a layout divides the scale out is its own (`Strategy.unscale`): `GradScaler.unscale_` runs the class's
+`_unscale` (`super()._unscale`, amp/grad_scaler.py 3.3.1), whose legacy `check_finite_and_unscale` refuses the
+semi-auto engine's DistTensor gradients (`SystemError: Unrecognized egr::EagerVariable type`); there the wrapper's
+own `_unscale` (`dist.shard_scaler`) runs instead, which marks the optimizer unscaled as `unscale_` does.
+
 The scaler never calls an optimizer's own `step()`: `GradScaler.step(optimizer)` (amp/grad_scaler.py, Paddle 3.3.1)
 hands `found_inf` to the optimizer and calls `optimizer.step()` once, and for fleet's `HybridParallelOptimizer`
 (ZeRO-1, ZeRO-1 x CP, sharded pipelines) that `step()` runs `_hybrid_sync_grad` again
@@ -13,10 +18,10 @@ skipped. So the scaler sees `ScalerView`, whose `step()` is the strategy's own s
 
 Whether a step overflowed is the step's verdict (a finite loss with a non-finite global gradient norm: the
 same on every rank), handed to the scaler as its `found_inf` before `step` and `update`. The scaler's own flag
-is each rank's: the layouts' wrappers (`fleet.distributed_scaler`, `dist.shard_scaler`) all-reduce it by
-patching the instance's `_unscale`, but `GradScaler.unscale_` calls the class's (`super()._unscale`,
-amp/grad_scaler.py 3.3.1), so after `unscale_` ranks could disagree: some apply an update others skip, and
-their scales part ways. A skipped step (non-finite or a spike) also sets the flag `update` reads
+need not be: fleet's layouts unscale through the class's `_unscale` (the wrapper's, `fleet.distributed_scaler`,
+which all-reduces the flag, does not mark the optimizer unscaled: `step` would divide the scale out again), which
+leaves each rank its own flag, so ranks could disagree: some apply an update others skip, and their scales part
+ways. A skipped step (non-finite or a spike) also sets the flag `update` reads
 (`_cache_found_inf`, otherwise the last applied step's), so only an overflow lowers the scale.
 """
 from __future__ import annotations
@@ -50,8 +55,9 @@ class Fp32:
     def step(self, optimizer, step_fn, overflow: bool = False) -> None:
         step_fn(optimizer)
 
-    def wrap_scaler(self, wrap) -> None:
-        """Let the parallel layout wrap the loss scaler (ranks must agree on an overflow)."""
+    def wrap_scaler(self, strategy) -> None:
+        """Let the parallel layout (`strategy`) wrap the loss scaler (ranks must agree on an overflow) and divide the
+        scale out of its gradients (`Strategy.unscale`)."""
 
 
 class ScalerView:
@@ -76,6 +82,7 @@ class Amp(Fp32):
         self.precision, self.scaler = precision, scaler
         self.loss_scaling = scaler is not None
         self._view = None
+        self._unscale = None  # the layout's `Strategy.unscale` (`wrap_scaler`); None: the scaler's `unscale_`
 
     def view(self, optimizer) -> ScalerView:
         if self._view is None or self._view.optimizer is not optimizer:  # a rollback builds a new optimizer
@@ -95,7 +102,11 @@ class Amp(Fp32):
 
     def unscale(self, optimizer) -> None:
         if self.scaler:
-            self.scaler.unscale_(self.view(optimizer))
+            view = self.view(optimizer)
+            if self._unscale is not None:
+                self._unscale(self.scaler, view)
+            else:
+                self.scaler.unscale_(view)
 
     def overflowed(self, loss: float, norm: float) -> bool:
         import math
@@ -107,9 +118,9 @@ class Amp(Fp32):
             self.scaler._cache_found_inf = overflow  # what `update` reads: this step's, not the last applied one's
             self.scaler.update()  # (which also resets the scaler's per-optimizer state for the next unscale_)
 
-    def wrap_scaler(self, wrap) -> None:
+    def wrap_scaler(self, strategy) -> None:
         if self.scaler is not None:
-            self.scaler = wrap(self.scaler)
+            self.scaler, self._unscale = strategy.wrap_scaler(self.scaler), strategy.unscale
 
     def step(self, optimizer, step_fn, overflow: bool = False) -> None:
         if self.scaler:

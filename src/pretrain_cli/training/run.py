@@ -232,7 +232,7 @@ def lay_out(run: RunConfig, model, comm, resume=None, pretrained=None) -> Layout
 
             model, amp = compile_forward(model), CompiledBackward(amp)  # (same model object: checkpoints unaffected)
         model, optimizer = strategy.wrap(model, optimizer)  # (ZeRO-3 creates its shards here)
-        amp.wrap_scaler(strategy.wrap_scaler)
+        amp.wrap_scaler(strategy)  # its scaler wrapper and its way to unscale
         if resume is not None:  # after AMP and sharding: O2 master weights and ZeRO-1 shards exist now
             opt = checkpoint.load_optimizer(strategy, raw_model, optimizer, resume)
             read = source.bytes_read + opt["bytes_read"]  # each rank read only the blocks it holds

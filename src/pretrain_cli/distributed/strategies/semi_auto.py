@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 
-from pretrain_cli.distributed.strategies.strategy import Strategy
+from pretrain_cli.distributed.strategies.strategy import Strategy, step_grad
 from pretrain_cli.models.tp_plan import split_dim
 from pretrain_cli.run_layout import ParallelConfig
 
@@ -104,7 +104,29 @@ class SemiAuto(Strategy):
 
         return dist.shard_scaler(scaler)
 
+    def unscale(self, scaler, optimizer) -> None:
+        """The wrapper's own `_unscale` (`dist.shard_scaler`: `check_finite_and_unscale_` on DistTensors; it marks the
+        optimizer unscaled as `unscale_` does), not `unscale_`, which runs the class's legacy op on them and fails
+        (`Unrecognized egr::EagerVariable type`). It divides what `grad` holds; under `amp_master_grad` ZeRO-2/3's
+        hook has moved each gradient into `main_grad` (`step_grad`), divided here by the same op."""
+        import paddle
+
+        scaler._unscale(optimizer)
+        mains = [p.main_grad for p in optimizer._parameter_list if getattr(p, "main_grad", None) is not None]
+        if mains and scaler.is_enable():
+            scale = scaler._scale._local_value() if scaler._scale.is_dist() else scaler._scale
+            paddle._C_ops.check_finite_and_unscale_(mains, scale)  # (its flag unused: the step's verdict decides)
+
     # ------------------------------------------------------------------ a step
+    def forward_backward(self, model, batches: list, amp, forward_loss):
+        """A step's backward starts from no gradient: under `amp_master_grad` ZeRO-2/3 accumulates into
+        `main_grad`, which only an update clears (`_ShardOptimizer._finish_update`), not the optimizer's
+        `clear_grad`: after a skipped step (non-finite, a spike) the next backward would add to its gradients."""
+        for p in model.parameters():
+            if getattr(p, "main_grad", None) is not None:
+                p.main_grad = None
+        return super().forward_backward(model, batches, amp, forward_loss)
+
     def shard_batch(self, tensor):
         """This rank's rows as its piece of the global batch: `Shard(0)` on "dp", the same rows on every "mp" rank."""
         import paddle.distributed as dist
@@ -118,9 +140,9 @@ class SemiAuto(Strategy):
         import paddle
 
         groups: dict = {}
-        for p in model.parameters():
-            if p.grad is not None:
-                g = p.grad if p.grad.dtype == paddle.float32 else p.grad.astype("float32")
+        for g in map(step_grad, model.parameters()):
+            if g is not None:
+                g = g if g.dtype == paddle.float32 else g.astype("float32")
                 s = paddle._C_ops.squared_l2_norm(g)  # [1]
                 groups.setdefault(str(s.placements), []).append(s)
         total = paddle.zeros([1], dtype="float32")

@@ -33,6 +33,15 @@ def _nbytes(t) -> int:
     return int(v.numel()) * v.element_size()
 
 
+def step_grad(param):
+    """The gradient the optimizer steps from: `main_grad` where Paddle keeps it instead of `grad` (the semi-auto
+    engine's ZeRO-2/3 under `amp_master_grad`: `ShardingStage2/3`'s hook casts each gradient to fp32 into
+    `param.main_grad` and clears `grad`, and `Optimizer.step` prefers `main_grad`; distributed/auto_parallel/api.py,
+    optimizer/optimizer.py 3.3.1), else `grad`. The norm reads this one and the clip scales it."""
+    main = getattr(param, "main_grad", None)
+    return main if main is not None else param.grad
+
+
 LOGGED = ("aux_loss", "z_loss", "mtp_loss", "lm_loss")  # logged apart, each rank's summed at log time (`share_logged`)
 
 
@@ -93,6 +102,12 @@ class Strategy:
         """fp16's loss scaler, made to agree across ranks on whether a step overflowed (GPU only)."""
         return scaler
 
+    def unscale(self, scaler, optimizer) -> None:
+        """fp16's loss scale divided out of this rank's gradients before the norm (`training.precision.Amp.unscale`;
+        `optimizer`: the scaler's view of it): `GradScaler.unscale_`, which marks the optimizer unscaled so that
+        `step` does not divide again."""
+        scaler.unscale_(optimizer)
+
     # ------------------------------------------------------------------ a step
     def forward_backward(self, model, batches: list, amp, forward_loss):
         """The step's micro-batches, each forward (`forward_loss(batch)`: its mean loss) and backward, the
@@ -126,7 +141,7 @@ class Strategy:
         per parameter (what Paddle's ClipGradByGlobalNorm uses), or the fused step's one pass over all."""
         import paddle
 
-        grads = [p.grad for p in self.grad_params(model) if p.grad is not None]
+        grads = [g for g in map(step_grad, self.grad_params(model)) if g is not None]
         return paddle.sqrt(self.global_norm_sq(self.step_kernels.global_sq_norm(grads)))
 
     def global_norm_sq(self, sq):
@@ -139,9 +154,9 @@ class Strategy:
         import paddle
 
         with paddle.no_grad():
-            for p in self.grad_params(model):
-                if p.grad is not None:
-                    p.grad.scale_(coef)
+            for g in map(step_grad, self.grad_params(model)):
+                if g is not None:
+                    g.scale_(coef)
 
     def step(self, optimizer) -> None:
         if self.step_kernels.adamw is None:
