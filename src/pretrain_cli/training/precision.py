@@ -137,6 +137,28 @@ class Amp(Fp32):
         else:
             step_fn(optimizer)
 
+    def state_dict(self) -> dict | None:
+        """The scaler's state that moves during a run: the scale the next step uses and Paddle's counts toward its
+        next change (`incr_count`: finite steps in a row, `decr_count`: overflows since the last lowering). A
+        checkpoint keeps them so that a resumed run, or a spike rollback, scales its steps as the run that saved
+        it would (started again at `loss_scale`, a scale that had dropped overflows again: steps counted with no
+        update). None without a scaler (bf16, fp32)."""
+        if not self.scaler:
+            return None
+        scale = self.scaler._scale
+        scale = scale._local_value() if scale.is_dist() else scale  # (`dist.shard_scaler` may have placed it)
+        return {"scale": float(scale.numpy().reshape(())), "incr_count": int(self.scaler._incr_count),
+                "decr_count": int(self.scaler._decr_count)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """`state` (`state_dict`'s) into the scaler; its ratios and intervals stay the ones it was built with (not
+        `GradScaler.load_state_dict`, which wants them all and rebuilds the scale as a [1] tensor)."""
+        import numpy as np
+        import paddle
+
+        self.scaler._scale = paddle.to_tensor(np.array(state["scale"], np.float32))  # 0-D, as `build_amp` makes it
+        self.scaler._incr_count, self.scaler._decr_count = int(state["incr_count"]), int(state["decr_count"])
+
 
 def build_amp(model, optimizer, precision: Precision):
     """(model, optimizer, Fp32 | Amp); O2 casts weights to half with fp32 master weights."""

@@ -5,9 +5,9 @@ Its concerns are other objects, all given at construction: the optimizer step (`
 policy (`spike.SpikePolicy`, which acts on the run only through the members of `spike.Recoverable`), the
 metrics writer and throughput meter. What remains here is the loop, its stop conditions, the bookkeeping of
 skipped steps (non-finite or spike: one place) and evaluation; the log line and the records are
-`train_log.TrainLog`'s, a mixin of the trainer. Data position is the only
-state besides weights and optimizer moments, so `state_dict()` is small JSON and a resumed run is
-bitwise identical on CPU.
+`train_log.TrainLog`'s, a mixin of the trainer. The data position and, under fp16, the loss scaler's
+state are the only state besides weights and optimizer moments, so `state_dict()` is small JSON and a resumed
+run is bitwise identical on CPU.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from pretrain_cli.training.stop_signals import StopSignals
 from pretrain_cli.training.train_log import TrainLog
 from pretrain_cli.training.trainer_state import Collaborators, NonFiniteError, TrainerState
 from pretrain_cli.run_config import RunConfig
+from pretrain_cli.run_dir import STATE_FILE
 
 
 class Trainer(TrainLog):
@@ -87,6 +88,8 @@ class Trainer(TrainLog):
         d["max_steps"] = self.loop.max_steps
         if self._started is not None:
             d["train_seconds"] += time.perf_counter() - self._started
+        if self.amp.loss_scaling:  # fp16: the loss scaler's state (the same on every rank: the steps' common verdict)
+            d["loss_scaler"] = self.amp.state_dict()
         return d
 
     def load_state_dict(self, d: dict, ckpt: CheckpointDir | None = None) -> None:
@@ -105,6 +108,26 @@ class Trainer(TrainLog):
             if not (self.continued if wrote is None else wrote):
                 self.state.routers_from_init = list(self._expert_layers)
             self.state.routers_named = True
+        self._load_loss_scaler(d.get("loss_scaler"), ckpt)
+
+    def _load_loss_scaler(self, saved, ckpt: CheckpointDir | None) -> None:
+        """fp16: the checkpoint's loss scale and counts (`precision.Amp.state_dict`), on a resume and a spike
+        rollback alike. A state without them (a run without fp16 wrote it, or a version that did not keep them) leaves
+        the scaler as it is, with a note."""
+        if not self.amp.loss_scaling:
+            return
+        where = ckpt.path / STATE_FILE if ckpt is not None else "the trainer state"
+        if saved is None:
+            log.info(f"note: {where} holds no fp16 loss scale (written without fp16, or by a version that did not "
+                     f"keep it); the scale goes on from {self.amp.state_dict()['scale']:g}")
+            return
+        ok = isinstance(saved, dict) and all(isinstance(saved.get(k), int) and saved[k] >= 0
+                                             for k in ("incr_count", "decr_count"))
+        scale = saved.get("scale") if ok else None
+        if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and 0 < scale < float("inf")):
+            raise UserError(f"{where}: `loss_scaler` is not a positive finite scale with integer counts ({saved!r}); "
+                            f"resume from another checkpoint")
+        self.amp.load_state_dict(saved)
 
     def release(self) -> None:
         """Let go of the model and optimizer before a rebuild, so the old and the new never hold memory at
