@@ -22,6 +22,14 @@ so each is replaced by a reference written from Paddle's documented semantics (t
   output only (no `return_softmax_lse`).
 - `swiglu(x, y=None)`: silu(x) * y; with y None, x's last axis is split in halves [gate | up].
 
+Each reference refuses what its GPU kernel refuses (ValueError, as Paddle raises an InvalidArgument), so a call that
+would fail on a GPU fails here too: `fused_rms_norm` reads the weight, bias and residual as x's type
+(paddle/phi/kernels/gpu/rms_norm_kernel.cu, `RmsNormKernel`: `norm_weight.data<T>()` with T x's type; read at
+PaddlePaddle/Paddle 02a5e4e0), so an fp32 weight beside a half x is refused, not cast; the fused RoPE kernel
+(paddle/phi/kernels/fusion/gpu/fused_rope_kernel.cu, `FusedRopeKernel`, read at 02ecffcb) wants sin and cos of one
+shape, 2-D or `[1, seq, 1, head_dim]`, of q's head_dim and q's type (`sin.data<T>()`), a table exactly as long as
+q's sequence without `position_ids` and at least as long with them, and k, v of q's type.
+
 `_t` makes the float32 array the tests give these references a tensor of the dtype asked.
 """
 import math
@@ -42,6 +50,9 @@ def ref_fused_rms_norm(x, norm_weight, norm_bias, epsilon, begin_norm_axis=1, bi
     assert quant_scale <= 0, "the reference covers the unquantised op"
     axis = begin_norm_axis + x.ndim if begin_norm_axis < 0 else begin_norm_axis
     assert 0 <= axis < x.ndim and list(norm_weight.shape) == [int(np.prod(x.shape[axis:]))]
+    for name, t in (("norm_weight", norm_weight), ("norm_bias", norm_bias), ("bias", bias), ("residual", residual)):
+        if t is not None and t.dtype != x.dtype:
+            raise ValueError(f"fused_rms_norm: {name} is {t.dtype} and x {x.dtype}: the kernel reads it as x's type")
     h = x.astype("float32")  # the sums in fp32 (Paddle's CPU kernels have no bf16 add)
     h = h if bias is None else h + bias.astype("float32")
     h = h if residual is None else h + residual.astype("float32")
@@ -56,9 +67,9 @@ def ref_fused_rms_norm(x, norm_weight, norm_bias, epsilon, begin_norm_axis=1, bi
 def ref_fused_rope(q, k=None, v=None, sin=None, cos=None, position_ids=None, use_neox_rotary_style=True,
                    time_major=False, rotary_emb_base=10000.0):
     assert sin is not None and cos is not None and not time_major, "the reference covers the tabled form"
+    _check_rope(q, k, v, sin, cos, position_ids)
 
     def table(t):  # [seq, head_dim] or [1, seq, 1, head_dim] -> fp32 [seq, head_dim]
-        assert t.ndim == 2 or (t.ndim == 4 and t.shape[0] == 1 and t.shape[2] == 1), t.shape
         return t.reshape([t.shape[-3] if t.ndim == 4 else t.shape[0], t.shape[-1]]).astype("float32")
 
     c, s = table(cos), table(sin)
@@ -66,7 +77,7 @@ def ref_fused_rope(q, k=None, v=None, sin=None, cos=None, position_ids=None, use
     def rows(tab, x):  # each token's row: [1 or batch, seq, 1, head_dim]
         bsz, seq = x.shape[0], x.shape[1]
         if position_ids is None:
-            return tab[:seq].reshape([1, seq, 1, -1])
+            return tab.reshape([1, seq, 1, -1])  # (the table is exactly seq long: `_check_rope`)
         assert position_ids.dtype == paddle.int64 and list(position_ids.shape) == [bsz, seq]
         return paddle.gather(tab, position_ids.reshape([-1]), axis=0).reshape([bsz, seq, 1, -1])
 
@@ -79,6 +90,28 @@ def ref_fused_rope(q, k=None, v=None, sin=None, cos=None, position_ids=None, use
         return (x32 * rows(c, x) + rot * rows(s, x)).astype(x.dtype)
 
     return tuple(None if t is None else rotate(t) for t in (q, k, v))
+
+
+def _check_rope(q, k, v, sin, cos, position_ids):
+    """`FusedRopeKernel`'s checks (fused_rope_kernel.cu), each a ValueError as Paddle's InvalidArgument is."""
+    bsz, seq, _, head_dim = q.shape
+    if head_dim % 2:
+        raise ValueError("fused_rope: the head_dim of input must be a multiple of 2")
+    if sin.shape != cos.shape:
+        raise ValueError(f"fused_rope: the dims of sin and cos must be the same: {sin.shape} and {cos.shape}")
+    if not (sin.ndim == 2 or (sin.ndim == 4 and sin.shape[0] == 1 and sin.shape[2] == 1)):
+        raise ValueError(f"fused_rope: sin and cos must be [seq_len, head_dim] or [1, seq_len, 1, head_dim]: {sin.shape}")
+    rows = sin.shape[1 if sin.ndim == 4 else 0]
+    if sin.shape[-1] != head_dim or (rows < seq if position_ids is not None else rows != seq):
+        need = "at least" if position_ids is not None else "exactly"
+        raise ValueError(f"fused_rope: sin and cos {sin.shape} against q {q.shape}: the table must be {need} q's "
+                         f"seq_len long, with q's head_dim")
+    for name, t in (("sin", sin), ("cos", cos), ("k", k), ("v", v)):
+        if t is not None and t.dtype != q.dtype:
+            raise ValueError(f"fused_rope: {name} is {t.dtype} and q {q.dtype}: the kernel reads it as q's type")
+    for name, t in (("k", k), ("v", v)):
+        if t is not None and t.shape[0] < bsz:
+            raise ValueError(f"fused_rope: the batch_size of q ({bsz}) must be at most {name}'s ({t.shape[0]})")
 
 
 def _attend(query, key, value, hidden, scale):

@@ -75,6 +75,8 @@ def _ref_linear(x, weight, bias=None, name=None):
 def _ref_fused_rms_norm(x, norm_weight, norm_bias, epsilon, begin_norm_axis=1, **_):
     """`fused_rms_norm` (op `rms_norm`, on neither AMP list: O1 promotes it to fp32 when the weight is fp32)."""
     x, norm_weight = emu.amp_cast("rms_norm", x, norm_weight)
+    if norm_weight.dtype != x.dtype:  # the kernel reads the weight as x's type (tests/parity/gpu_references.py)
+        raise ValueError(f"fused_rms_norm: norm_weight is {norm_weight.dtype} and x {x.dtype}")
     x32 = x.astype("float32")
     inv = paddle.rsqrt(paddle.mean(x32 * x32, axis=-1, keepdim=True) + epsilon)
     return (x32 * inv * norm_weight.astype("float32")).astype(x.dtype), None, None
@@ -85,11 +87,49 @@ BACKENDS: list = []
 
 def _ref_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, training=True, backend=None,
               scale=None, enable_gqa=True, name=None):
-    """`F.scaled_dot_product_attention`: records the backend sdpa.py would pick, then attends in fp32."""
+    """`F.scaled_dot_product_attention`: records the backend sdpa.py would pick, then attends in fp32 as asked:
+    causal (`is_causal`, which ignores a mask; square, the lengths sdpa.py's flash path takes), under `attn_mask`
+    (bool: True attends; else added to the scores), or over every key."""
     BACKENDS.append(emu.sdpa_backend(query, key, value, attn_mask, is_causal, scale))
+    import math
+
+    sq, sk, heads, kv_heads = query.shape[1], key.shape[1], query.shape[2], key.shape[2]
+    assert dropout_p == 0.0 and heads % kv_heads == 0 and (heads == kv_heads or enable_gqa)
+    rep = heads // kv_heads
+    q = query.astype("float32").transpose([0, 2, 1, 3])  # [b, h, sq, d]
+    k = paddle.repeat_interleave(key.astype("float32"), rep, axis=2).transpose([0, 2, 1, 3])  # [b, h, sk, d]
+    v = paddle.repeat_interleave(value.astype("float32"), rep, axis=2).transpose([0, 2, 1, 3])  # [b, h, sk, d]
+    scores = paddle.matmul(q, k, transpose_y=True) * (scale or 1.0 / math.sqrt(query.shape[-1]))  # [b, h, sq, sk]
+    if is_causal:
+        if sq != sk:
+            raise NotImplementedError("the stand-in attends causally over equal lengths only")
+        scores = scores + paddle.triu(paddle.full([sq, sk], float("-inf"), "float32"), 1)
+    elif attn_mask is not None:
+        mask = attn_mask if attn_mask.dtype != paddle.bool else paddle.where(
+            attn_mask, paddle.zeros([1], "float32"), paddle.full([1], float("-inf"), "float32"))
+        scores = scores + mask.astype("float32")
+    out = paddle.matmul(F.softmax(scores, axis=-1), v)  # [b, h, sq, d]
+    return out.transpose([0, 2, 1, 3]).astype(query.dtype)  # [b, sq, h, d]
+
+
+def test_the_sdpa_and_rms_norm_stand_ins_do_what_they_are_asked_and_refuse_what_the_kernels_refuse():
+    """`_ref_sdpa` attends causally only when asked (a mask hides what it says; none: every key), so a caller that
+    drops `is_causal` attends to the future here as on a GPU; `_ref_fused_rms_norm` refuses a weight of another type
+    than x outside autocast, as the kernel does."""
     from pretrain_cli.ops.attention import attention_math
 
-    return attention_math(query.astype("float32"), key.astype("float32"), value.astype("float32")).astype(query.dtype)
+    q, k, v = _qkv(s=6)
+    causal = _ref_sdpa(q, k, v, is_causal=True)
+    np.testing.assert_allclose(causal.numpy(), attention_math(q, k, v).numpy(), atol=1e-5)
+    full = _ref_sdpa(q, k, v)
+    assert float((full - causal).abs().max()) > 1e-2  # the future keys count
+    lower = paddle.to_tensor(np.tril(np.ones((6, 6), bool)).reshape(1, 1, 6, 6))
+    np.testing.assert_allclose(_ref_sdpa(q, k, v, attn_mask=lower).numpy(), causal.numpy(), atol=1e-5)
+    np.testing.assert_allclose(_ref_sdpa(q, k, v, attn_mask=lower, is_causal=True).numpy(), causal.numpy(), atol=1e-5)
+    x = paddle.randn([2, 6, 8]).astype("bfloat16")
+    _ref_fused_rms_norm(x, paddle.ones([8]).astype("bfloat16"), None, 1e-6, 2)
+    with pytest.raises(ValueError, match="norm_weight is paddle.float32"):
+        _ref_fused_rms_norm(x, paddle.ones([8]), None, 1e-6, 2)  # (no autocast: nothing promotes x)
 
 
 def _ref_flashmask(query, key, value, startend_row_indices=None, *, causal=False, **_):
