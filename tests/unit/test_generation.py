@@ -210,7 +210,7 @@ def test_a_prompt_file_continues_each_prompt_as_prompt_would(model_dir, capsys, 
 
 
 @pytest.mark.parametrize("content, said", [("", "holds no prompt"), ("{\"prompt\": 3}\n", ":1: needs a \"prompt\""),
-                                           ("\n[1\n", ":2: not a JSON object")])
+                                           ("\n[1\n", ":2:3: invalid JSON: the JSON ends before its closing } or ]")])
 def test_a_bad_prompt_file_is_one_line_naming_the_line(model_dir, capsys, tmp_path, content, said):
     f = tmp_path / "p.jsonl"
     f.write_text(content)

@@ -14,7 +14,7 @@ ROOT = Path(pretrain_cli.__file__).parent
 # -> {ops, storage} -> the base modules
 LAYER = {"__main__": 10, "cli": 9, "commands": 8, "orchestration": 7, "config": 6, "training": 5, "planning": 4,
          "distributed": 4, "models": 3, "data": 3, "ops": 2, "storage": 2, "errors": 1, "runtime": 1, "start_signals": 1, "atomic": 1,
-         "run_dir": 1, "run_config": 1, "counts": 1, "run_layout": 1, "processes": 1, "waiting": 1, "__init__": 1}
+         "run_dir": 1, "json_mistakes": 1, "run_config": 1, "counts": 1, "run_layout": 1, "processes": 1, "waiting": 1, "__init__": 1}
 # inside distributed/ its sub-packages are layers too: the launcher side (no Paddle at import) -> the one collectives
 # backend -> the layout arithmetic (ranks, pieces) -> the layout steps -> the strategies (the data side) -> setup
 DISTRIBUTED = {"launcher": 1, "comms": 2, "layout": 3, "steps": 4, "strategies": 5, "setup": 6, "__init__": 6}

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from pretrain_cli.errors import UserError
+from pretrain_cli.json_mistakes import explain
 
 # `--key value`: the training keys, applied to the record of the run that wrote --model, or, for a model no run
 # wrote, the kernel keys alone
@@ -91,8 +92,8 @@ def _prompts(ns: argparse.Namespace) -> list[tuple[str, str]]:
         if path.suffix == ".jsonl":
             try:
                 obj = json.loads(line)
-            except ValueError as e:
-                raise UserError(f"{where}: not a JSON object ({e}); one object per line") from None
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}:{explain(e, n)}; one object per line") from None
             text = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else None
             if not isinstance(text, str):
                 raise UserError(f"{where}: needs a \"prompt\" (or \"text\") string")

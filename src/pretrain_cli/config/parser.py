@@ -20,6 +20,7 @@ from pretrain_cli.config.paddleformers_keys import PIPELINE, pipeline, take_defa
 from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED, attention, check_value, whose
 from pretrain_cli.config.training_arguments import TrainingArguments
 from pretrain_cli.errors import Problems, UserError
+from pretrain_cli.json_mistakes import explain
 
 
 @dataclass
@@ -128,7 +129,7 @@ def load_json(path: str) -> dict:
     try:
         obj = json.loads(text, object_pairs_hook=_no_repeated_keys(path))
     except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+        raise UserError(f"{path}:{explain(e)}") from None
     if not isinstance(obj, dict):
         raise UserError(f"{path}: the argument file must hold a JSON object {{\"key\": value, ...}}, got "
                         f"{type(obj).__name__}")

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from pretrain_cli.errors import UserError
+from pretrain_cli.json_mistakes import explain
 from pretrain_cli.models import config_checks
 from pretrain_cli.models.families import MODEL_TYPES as SUPPORTED_MODEL_TYPES
 from pretrain_cli.models.families import family
@@ -208,7 +209,7 @@ class ModelConfig:
             with open(path, encoding="utf-8") as f:
                 d = json.load(f)
         except json.JSONDecodeError as e:
-            raise UserError(f"{path}: invalid JSON ({e})") from None
+            raise UserError(f"{path}:{explain(e)}") from None
         cfg = cls.from_dict(d, source=path, pretrained=pretrained)
         cfg.generation = read_generation(os.path.dirname(path))
         return cfg
@@ -354,6 +355,8 @@ def read_generation(model_dir) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             gen = json.load(f)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{explain(e)}; fix or remove the file") from None
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: not a readable JSON object ({e}); fix or remove it") from None
     if not isinstance(gen, dict):

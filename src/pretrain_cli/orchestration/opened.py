@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pretrain_cli.config.parser import Arguments
 from pretrain_cli.errors import UserError
+from pretrain_cli.json_mistakes import explain
 from pretrain_cli.run_config import RunConfig
 
 
@@ -35,7 +36,9 @@ def build_model_config(args: Arguments):
     path = model_dir / "config.json"
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{explain(e)}") from None
+    except OSError as e:
         raise UserError(f"{path}: not a readable JSON model config ({e})") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: must hold a JSON object")

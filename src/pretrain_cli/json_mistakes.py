@@ -1,0 +1,100 @@
+"""What a person got wrong in a JSON file they wrote, in one line: the cause and the fix.
+
+Python's `json` names what its parser expected at the point it stopped ("Expecting property name enclosed in double
+quotes"), which is the same sentence for a `//` comment, a trailing comma and a single-quoted key, and the point is
+often past the cause (a trailing comma is reported at the `}` on the next line). The files users write by hand (an
+argument file, a model's config.json, a prompt .jsonl) are read by one judge so that every one of them names the
+mistake the same way, at the place to edit.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+_WORD = re.compile(r"[A-Za-z_][\w.\-]*")
+_PYTHON = {"True": "true", "False": "false", "None": "null"}
+_CURLY = "\u201c\u201d\u2018\u2019"
+
+
+def _where(doc: str, pos: int, first_line: int) -> str:
+    line = doc.count("\n", 0, pos) + first_line
+    return f"{line}:{pos - doc.rfind(chr(10), 0, pos)}"
+
+
+def _last(doc: str, pos: int) -> int:
+    """The position of the last character before `pos` that is not whitespace (-1: none)."""
+    return len(doc[:pos].rstrip()) - 1
+
+
+def _cause(doc: str, pos: int, msg: str) -> tuple[int, str] | None:
+    """(where the cause is, what it is and what to do), or None: Python's own message is the best said."""
+    rest, last = doc[pos:], _last(doc, pos)
+    before = doc[last] if last >= 0 else ""
+    if rest.startswith("//"):
+        return pos, "a // comment (JSON has no comments); remove it"
+    if rest.startswith("/*"):
+        return pos, "a /* */ comment (JSON has no comments); remove it"
+    if rest.startswith("#"):
+        return pos, "a # comment (JSON has no comments); remove it"
+    if msg == "Expecting ',' delimiter":
+        if rest and pos > 0 and doc[pos - 1] == '"' and not rest[0].isspace() and rest[0] not in ",:}]":
+            return pos - 1, 'a double quote inside a string ends it; write \\" for a quote inside a string'
+        if not rest.strip():
+            return pos, "the JSON ends before its closing } or ]; close it"
+        if rest[0] in "\"'{[-0123456789" or _WORD.match(rest):  # the start of the next entry
+            return pos, "a missing comma before this entry; put , after the entry before it"
+        return None
+    if rest[:1] == "'":
+        return pos, "a single-quoted string; JSON strings take double quotes (\"...\")"
+    if rest[:1] and rest[0] in _CURLY:
+        return pos, f"a curly quote {rest[0]}; JSON strings take straight double quotes (\"), retype it"
+    word = _WORD.match(rest)
+    if msg.startswith("Expecting property name"):
+        if rest[:1] == "}" and before == ",":
+            return last, "a trailing comma before }; remove it"
+        if rest[:1] == ",":
+            return pos, "two commas in a row; remove one"
+        if word:
+            return pos, f'an unquoted key {word.group()}; JSON keys take double quotes ("{word.group()}")'
+        if not rest.strip():
+            return pos, "the JSON ends inside an object; close it with }"
+        return None
+    if msg == "Expecting value":
+        if rest[:1] in ("]", "}") and rest and before == ",":
+            return last, f"a trailing comma before {rest[0]}; remove it"
+        if rest[:1] in (",", "}") and before == ":":
+            return pos, "a key with no value; give it one"
+        if rest[:1] == "," and before == ",":
+            return pos, "two commas in a row; remove one"
+        if word and word.group() in _PYTHON:
+            return pos, f"Python's {word.group()}; JSON writes {_PYTHON[word.group()]}"
+        if word:
+            return pos, f'an unquoted string {word.group()}; put it in double quotes ("{word.group()}")'
+        if not rest.strip():
+            return pos, "the JSON ends where a value should be; finish it"
+        return None
+    if msg == "Expecting ':' delimiter":
+        return pos, f"a key not followed by :; write \"key\": value{' (not =)' if rest[:1] == '=' else ''}"
+    if msg == "Extra data":
+        return pos, "text after the closing } or ]; a file holds one JSON value: remove it or move it inside"
+    if msg.startswith("Invalid \\escape"):
+        return pos, "a backslash in a string; write \\\\ for a backslash (in a path, / works too)"
+    if msg.startswith("Invalid control character"):
+        if rest[:1] == "\n" or rest[:2] == "\r\n":
+            return pos, 'a string not closed on its line; end it with "'
+        if rest[:1] == "\t":
+            return pos, "a tab inside a string; write \\t"
+        return None
+    if msg.startswith("Unterminated string"):
+        return pos, 'a string never closed; end it with "'
+    return None
+
+
+def explain(e: json.JSONDecodeError, first_line: int = 1) -> str:
+    """`line:column: invalid JSON: <cause>; <fix>` for `e` (raised parsing `e.doc`), the line counted from
+    `first_line` (a .jsonl's lines are parsed one by one)."""
+    found = _cause(e.doc, e.pos, e.msg)
+    if found is None:
+        return f"{_where(e.doc, e.pos, first_line)}: invalid JSON: {e.msg}"
+    pos, what = found
+    return f"{_where(e.doc, pos, first_line)}: invalid JSON: {what}"

@@ -1,0 +1,76 @@
+"""A JSON file the user wrote names its mistake and the fix in one line, at the place to edit: the argument file,
+a model's config.json and generation_config.json, and generate's prompt .jsonl all say it the same way."""
+import argparse
+import json
+
+import pytest
+
+from pretrain_cli.commands.generate import _prompts
+from pretrain_cli.config.parser import read_argument_file
+from pretrain_cli.errors import UserError
+from pretrain_cli.json_mistakes import explain
+from pretrain_cli.models.config import ModelConfig, read_generation
+
+# (file text, where the mistake is, what the line says): the commonest hand-written mistakes
+MISTAKES = [
+    ('{\n  "max_steps": 10,\n  "output_dir": "out", // where it goes\n  "seed": 1\n}', "3:24",
+     "a // comment (JSON has no comments); remove it"),
+    ('{\n  "max_steps": 10, # steps\n  "seed": 1\n}', "2:20", "a # comment (JSON has no comments); remove it"),
+    ('/* my run */\n{"seed": 1}', "1:1", "a /* */ comment (JSON has no comments); remove it"),
+    ('{\n  "max_steps": 10,\n  "seed": 1,\n}', "3:12", "a trailing comma before }; remove it"),
+    ('{"split": [949, 50, 1,]}', "1:22", "a trailing comma before ]; remove it"),
+    ("{'max_steps': 10}", "1:2", 'a single-quoted string; JSON strings take double quotes ("...")'),
+    ('{"output_dir": \'out\'}', "1:16", 'a single-quoted string; JSON strings take double quotes ("...")'),
+    ('{max_steps: 10}', "1:2", 'an unquoted key max_steps; JSON keys take double quotes ("max_steps")'),
+    ('{"do_train": True}', "1:14", "Python's True; JSON writes true"),
+    ('{"do_eval": False}', "1:13", "Python's False; JSON writes false"),
+    ('{"resume_from_checkpoint": None}', "1:28", "Python's None; JSON writes null"),
+    ('{"bf16": true, "amp_master_grad": yes}', "1:35", 'an unquoted string yes; put it in double quotes ("yes")'),
+    ('{\n  "max_steps": 10\n  "seed": 1\n}', "3:3", "a missing comma before this entry; put , after the entry before it"),
+    ('{"max_steps": 10,, "seed": 1}', "1:18", "two commas in a row; remove one"),
+    ('{"max_steps": , "seed": 1}', "1:15", "a key with no value; give it one"),
+    ('{"max_steps" = 10}', "1:14", 'a key not followed by :; write "key": value (not =)'),
+    ('{"seed": 1}\n{"max_steps": 10}', "2:1",
+     "text after the closing } or ]; a file holds one JSON value: remove it or move it inside"),
+    ('{"input_dir": "C:\\data"}', "1:18", "a backslash in a string; write \\\\ for a backslash (in a path, / works too)"),
+    ('{"output_dir": "out\n}', "1:20", 'a string not closed on its line; end it with "'),
+    ('{"output_dir": "out", "seed": 1', "1:32", "the JSON ends before its closing } or ]; close it"),
+    ('{"output_dir": \u201cout\u201d}', "1:16",
+     'a curly quote \u201c; JSON strings take straight double quotes ("), retype it'),
+]
+
+
+@pytest.mark.parametrize("text,where,said", MISTAKES)
+def test_an_argument_file_names_the_mistake_and_its_fix(tmp_path, text, where, said):
+    path = tmp_path / "run.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        read_argument_file(str(path))
+    assert str(e.value) == f"{path}:{where}: invalid JSON: {said}"
+
+
+def test_a_mistake_with_no_better_words_keeps_pythons_and_its_place():
+    with pytest.raises(json.JSONDecodeError) as e:
+        json.loads('{"learning_rate": 1.}')
+    assert explain(e.value) == "1:20: invalid JSON: Expecting ',' delimiter"
+
+
+def test_a_models_config_json_and_generation_config_say_it_the_same_way(tmp_path):
+    (tmp_path / "config.json").write_text('{\n  "model_type": "qwen2",\n  "hidden_size": 64,\n}')
+    with pytest.raises(UserError) as e:
+        ModelConfig.from_file(str(tmp_path))
+    assert str(e.value) == f"{tmp_path / 'config.json'}:3:20: invalid JSON: a trailing comma before }}; remove it"
+    (tmp_path / "generation_config.json").write_text('{"do_sample": True}')
+    with pytest.raises(UserError) as e:
+        read_generation(str(tmp_path))
+    assert str(e.value) == (f"{tmp_path / 'generation_config.json'}:1:15: invalid JSON: Python's True; JSON writes "
+                            f"true; fix or remove the file")
+
+
+def test_a_prompt_jsonl_names_the_line_of_the_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "one"}\n\n{\'prompt\': "three"}\n', encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        _prompts(argparse.Namespace(prompt=None, prompt_file=str(path)))
+    assert str(e.value) == (f"{path}:3:2: invalid JSON: a single-quoted string; JSON strings take double quotes "
+                            f'("..."); one object per line')
