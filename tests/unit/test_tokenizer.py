@@ -62,6 +62,26 @@ def test_saved_tokenizer_loads_in_transformers(tmp_path):
     assert len(hf) == ours.vocab_size
 
 
+def test_extra_special_tokens_are_special_in_transformers(tmp_path):
+    """`<|im_start|>` was special in tokenizer.json but missing from both config files, so transformers'
+    `all_special_tokens` left it out and `decode(skip_special_tokens=True)` kept it; a run's export copies them."""
+    import transformers
+
+    write_jsonl(tmp_path / "a.jsonl", make_texts(100))
+    out = tmp_path / "tok"
+    assert _train(["--input_path", str(tmp_path / "a.jsonl"), "--output_dir", str(out), "--vocab_size", "300",
+                   "--special_tokens", "<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"]) == 0
+    (tmp_path / "run").mkdir()
+    tk.export_files(out, tmp_path / "run")
+    for d in (out, tmp_path / "run"):
+        hf = transformers.AutoTokenizer.from_pretrained(str(d))
+        assert hf.all_special_tokens == ["<s>", "</s>", "<unk>", "<pad>", "<|im_start|>", "<|im_end|>"], d
+        ids = hf("<|im_start|>the fox<|im_end|>", add_special_tokens=False)["input_ids"]
+        assert hf.decode(ids, skip_special_tokens=True) == "the fox"
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["additional_special_tokens"] == ["<|im_start|>", "<|im_end|>"]
+
+
 def test_vocab_merges_directory_and_config_roles(tmp_path):
     d = make_tokenizer(tmp_path / "tok")
     ours = tk.load_tokenizer(d)
@@ -225,7 +245,8 @@ def test_special_tokens_take_their_roles_by_position(tmp_path, capsys):
     argv = ["--input_path", str(tmp_path / "c"), "--output_dir", str(tmp_path / "tok"), "--vocab_size", "300"]
     assert _train(argv + ["--special_tokens", "<p>", "<b>", "<e>", "<u>", "<|x|>"]) == 0
     roles = json.loads((tmp_path / "tok" / "special_tokens_map.json").read_text())
-    assert roles == {"pad_token": "<p>", "bos_token": "<b>", "eos_token": "<e>", "unk_token": "<u>"}
+    assert roles == {"pad_token": "<p>", "bos_token": "<b>", "eos_token": "<e>", "unk_token": "<u>",
+                     "additional_special_tokens": ["<|x|>"]}
     tok = tk.load_tokenizer(tmp_path / "tok")
     assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
     assert tok.encode("a <|x|> b").count(tok.token_to_id("<|x|>")) == 1  # an extra one: kept whole, no role

@@ -198,4 +198,6 @@ def test_preprocess_replacing_files_of_the_other_form_names_no_other_tokenizer(t
         capsys.readouterr()
         assert run_preprocess("--input_path", tmp_path / "c.jsonl", "--output_prefix", out, "--tokenizer", tok) == 0
         err = capsys.readouterr().err
-        assert (f"replacing {out}.bin/.idx, made from {said};" in err) if said else "replacing" not in err, (tok, err)
+        # (the line, not the word: the tmp path holds "replacing", and the no --append_eos note names it)
+        assert (f"replacing {out}.bin/.idx, made from {said};" in err) if said else "preprocess: replacing" not in err, \
+            (tok, err)

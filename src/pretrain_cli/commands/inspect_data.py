@@ -187,7 +187,8 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     from pretrain_cli.data.indexed import read_sidecar
 
-    info, meta = summarize(ds, tok), read_sidecar(ds.prefix)
+    meta = read_sidecar(ds.prefix)
+    info = summarize(ds, tok, (meta or {}).get("eos_token_id"))  # without --tokenizer: the EOS the sidecar records
     if meta and meta.get("special_tokens_in_text") is not None:  # (sidecars from before the option have none)
         info["special_tokens_in_text"] = meta["special_tokens_in_text"]
     made = meta is not None and any(meta.get(f) for f in TOKENIZER_IDS)  # (a sidecar may record no tokenizer)
@@ -202,7 +203,8 @@ def main(ns: argparse.Namespace) -> int:
           f"max token id {info['max_token_id']}" + (f" (vocab {info['vocab_size']})" if "vocab_size" in info else ""))
     print(f"document length: min {dl['min']}  mean {dl['mean']:.1f}  max {dl['max']}")
     if "eos_rate" in info:
-        print(f"documents ending in EOS: {100 * info['eos_rate']:.1f}%")
+        without = " (preprocessed without --append_eos)" if meta and meta.get("eos_appended") is False else ""
+        print(f"documents ending in EOS: {100 * info['eos_rate']:.1f}%{without}")
     if "special_tokens_in_text" in info:
         print(f"special tokens' text in documents became: {info['special_tokens_in_text']} "
               "(preprocess --special_tokens_in_text)")

@@ -13,13 +13,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input_path", nargs="+", required=True,
                         help=".jsonl/.json/.txt files (plain, .gz, .zst, .bz2, .xz), .parquet files, "
                              "directories (walked recursively) or quoted glob patterns; read in the order given, each "
-                             "directory and glob in sorted order")
+                             "directory and glob in sorted order. Documents: one per .jsonl/.json line, one per "
+                             ".parquet row, and in a .txt file one per paragraph: documents are separated by blank "
+                             "lines, not by line ends")
     parser.add_argument("--output_prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.json "
                                                                       "(PREFIX-iiiii-of-nnnnn.* with --num_tasks > 1)")
     parser.add_argument("--tokenizer", required=True, help="tokenizer directory (tokenizer.json)")
     parser.add_argument("--json_key", default="text", help="the document field of .jsonl/.json lines, or the Parquet "
                                                            "column (default: %(default)s)")
-    parser.add_argument("--append_eos", action="store_true", help="append the tokenizer's EOS to every document")
+    parser.add_argument("--append_eos", action="store_true", help="append the tokenizer's EOS to every document, so packed training samples "
+                                                          "mark where one ends (without it they run together)")
     parser.add_argument("--special_tokens_in_text", choices=SPECIAL_TOKENS_IN_TEXT, default="text",
                         help="what a special token's text inside a document becomes: text (plain text, so a "
                              "literal </s> or <pad> is no EOS or pad id), special (every special token's id, as "

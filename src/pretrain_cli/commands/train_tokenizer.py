@@ -9,7 +9,8 @@ from pretrain_cli.data.tokenizer import DEFAULT_SPECIALS
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input_path", nargs="+", required=True,
                         help=".jsonl/.json/.txt files (plain, .gz, .zst, .bz2, .xz), .parquet files, directories or "
-                             "quoted glob patterns, as for preprocess")
+                             "quoted glob patterns, as for preprocess (a .txt file: one document per paragraph, "
+                             "documents separated by blank lines)")
     parser.add_argument("--output_dir", required=True, help="directory for tokenizer.json and its config files")
     parser.add_argument("--vocab_size", type=int, required=True, help="tokens in the vocabulary, special tokens "
                                                                       "included")

@@ -25,6 +25,7 @@ class DataSplits:
     valid: object = None
     test: object = None
     sources: list = field(default_factory=list)  # one dict per source: prefix, weight, dataset, splits
+    notes: list = field(default_factory=list)  # what the sources' sidecars say the run should know (`missing_eos`)
 
     def get(self, name: str):
         return getattr(self, name)
@@ -81,6 +82,24 @@ def check_tokenizer(prefixes: list[str], tokenizer, where: str = "", instead: st
         raise UserError(where + problems[0] + more)
 
 
+def missing_eos(prefixes: list[str]) -> list[str]:
+    """A warning naming the token files whose sidecars say preprocess appended no EOS though the tokenizer has one
+    (`eos_appended` false): packed samples join their documents with nothing between them, which no check refuses
+    and no loss shows. Files without a sidecar (another tool's) are not judged."""
+    from pretrain_cli.data.indexed import read_sidecar
+
+    without = [p for p in prefixes if (m := read_sidecar(p)) and m.get("eos_appended") is False
+               and m.get("eos_token_id") is not None]
+    if not without:
+        return []
+    one = len(without) == 1
+    names = ", ".join(without[:3]) + (f" and {len(without) - 3} more" if len(without) > 3 else "")
+    return [f"input_dir: WARNING: {names} {'was' if one else 'were'} preprocessed without --append_eos (eos_appended "
+            f"false in {'its sidecar' if one else 'their sidecars'}): packed samples run one document into the next "
+            f"with no EOS between them, so the model never learns where a document ends; re-run preprocess with "
+            f"--append_eos"]
+
+
 def _vocabulary_fix(src, tokenizer) -> str:
     """What to do about ids the model's vocabulary does not hold, by what the run knows of them. A tokenizer the run
     loaded fits the model (`open_tokenizer` refuses a larger one), so ids past the model's are past the tokenizer's
@@ -107,13 +126,13 @@ def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode
 
     `tokenizer` (a `pretrain_cli.data.tokenizer.Tokenizer` or a directory) is needed for sample_mode 'padded';
     a loaded one is also what every source's sidecar must name (`check_tokenizer`). `need` names the splits the
-    run uses; an empty one is an error.
+    run uses (or maps each to the samples the run reads from it: `split_datasets`); an empty one is an error.
     `data_cache`, if set, is where per-epoch index arrays are cached (atomic writes).
     `document_mask`: packed samples also carry `doc_start` (and `position_ids` with `reset_position_ids`).
     """
     if isinstance(split, str):
         split, split_text = parse_split(split), split
-    need = tuple(need)
+    need = need if isinstance(need, dict) else tuple(need)  # {name: samples read}: `split_datasets`'s
     unknown = [n for n in need if n not in SPLIT_NAMES]
     if unknown:
         raise ValueError(f"unknown split names {unknown}")
@@ -135,6 +154,8 @@ def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode
         sources.append({"prefix": src.prefix, "weight": weight, "dataset": src, "splits": splits})
     check_tokenizer([s["prefix"] for s in sources], tokenizer)
     out = DataSplits(sources=sources)
+    if "train" in need and sample_mode == "packed":  # (a padded sample ends in the tokenizer's EOS whatever the file)
+        out.notes = missing_eos([s["prefix"] for s in sources])
     for name in SPLIT_NAMES:
         present = [(s["weight"], s["splits"][name], s["prefix"]) for s in sources if s["splits"][name] is not None]
         if not present:

@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+from pretrain_cli.counts import count
 from pretrain_cli.data.indexed import SIDECAR_FORMAT
 from pretrain_cli.data.readers import FileReader, count_records, kind
 from pretrain_cli.data.tasks import PROGRESS_FORMAT
@@ -21,6 +22,9 @@ BATCH_DOCS, BATCH_BYTES = 256, 1 << 20
 _REPORTED_BAD_LINES = 10
 _RECORD_BYTES = 1 << 20  # a sidecar or progress record is far smaller; larger .json files are not parsed twice
 INPUTS = ".jsonl/.json/.txt (plain, .gz, .zst, .bz2, .xz) or .parquet"
+# a .txt file's lines per document (blank-line-separated paragraph) from which its note says that they ran together:
+# one document per line (or per few lines) written without blank lines between them (`paragraph_note`)
+_LINES_A_DOCUMENT = 20
 
 
 def _expand(arg: str) -> tuple[list[Path], bool]:
@@ -106,6 +110,8 @@ class DocumentReader:
         self.documents = self.empty = self.bad_lines = self.bad_parts = self.bytes = 0
         self._disk_done, self._current = 0, None  # the finished files' bytes on disk; the file being read
         self.files_read = 0  # files opened by `read` (--max_doc_num stops before the rest)
+        self.run_together: list = []  # (file, lines, documents) of the first .txt files read whose lines ran together
+        self.run_together_files = 0  # all of them
 
     def counters(self) -> dict:
         return {"documents": self.documents, "empty": self.empty, "bad_lines": self.bad_lines,
@@ -149,6 +155,10 @@ class DocumentReader:
                     return
                 self.documents += 1
                 yield text
+            if fr.format == ".txt" and fr.lines >= _LINES_A_DOCUMENT * max(fr.paragraphs, 1):  # (read to its end)
+                self.run_together_files += 1
+                if len(self.run_together) < 3:
+                    self.run_together.append((path, fr.lines, fr.paragraphs))
         finally:
             self.bytes += fr.bytes - counted
             self._current = None
@@ -166,6 +176,22 @@ class DocumentReader:
             if self.exhausted:
                 return
             yield from self.read(path)
+
+
+def paragraph_note(reader: DocumentReader) -> str | None:
+    """The note for .txt files whose lines ran together into few documents (`_LINES_A_DOCUMENT` lines a document or
+    more): a file of one document per line reads as one document, which only an empty valid split told. PaddleNLP's
+    preprocessing reads only .jsonl (and .zst) files, so there is no one-line-a-document mode to match: the note
+    names the two ways the files can say where documents end."""
+    if not reader.run_together:
+        return None
+    named = "; ".join(f"{p}: {count(lines, 'line')} made {count(docs, 'document')}"
+                      for p, lines, docs in reader.run_together)
+    more = reader.run_together_files - len(reader.run_together)
+    named += f"; and {count(more, 'more .txt file')}" if more else ""
+    return (f"note: {named}: a .txt file's documents are separated by blank lines, not by line ends; if each "
+            "line is a document, put a blank line between documents or write them as .jsonl (one {\"text\": ...} "
+            "object per line)")
 
 
 def batches(texts, max_docs: int = BATCH_DOCS, max_bytes: int = BATCH_BYTES):

@@ -14,8 +14,9 @@ from pretrain_cli.errors import UserError
 _CHUNK = 1 << 20
 
 
-def summarize(ds, tokenizer=None) -> dict:
-    """Counts, document length statistics and a log2 length histogram."""
+def summarize(ds, tokenizer=None, eos: int | None = None) -> dict:
+    """Counts, document length statistics and a log2 length histogram; with an EOS id (the tokenizer's, else `eos`:
+    the one the file's sidecar records), the share of documents that end in it."""
     doc_idx = np.asarray(ds.doc_idx, dtype=np.int64)
     sizes = np.asarray(ds.sizes, dtype=np.int64)
     seq_start = np.concatenate(([0], np.cumsum(sizes)))  # [N+1] element offset of each sequence
@@ -35,12 +36,12 @@ def summarize(ds, tokenizer=None) -> dict:
     if tokenizer is not None:
         out["vocab_size"] = tokenizer.vocab_size
         eos = tokenizer.eos_token_id
-        if eos is not None:
-            nonempty = doc_len > 0
-            last = seq_start[doc_idx[1:]][nonempty] - 1  # element index of each document's last token
-            ends = sum(int((np.asarray(ds.data[last[s : s + _CHUNK]]) == eos).sum())
-                       for s in range(0, last.size, _CHUNK))
-            out["eos_rate"] = ends / max(1, int(nonempty.sum()))
+    if eos is not None:
+        nonempty = doc_len > 0
+        last = seq_start[doc_idx[1:]][nonempty] - 1  # element index of each document's last token
+        ends = sum(int((np.asarray(ds.data[last[s : s + _CHUNK]]) == eos).sum())
+                   for s in range(0, last.size, _CHUNK))
+        out["eos_rate"] = ends / max(1, int(nonempty.sum()))
     return out
 
 

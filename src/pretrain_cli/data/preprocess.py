@@ -21,7 +21,7 @@ import numpy as np
 from pretrain_cli import atomic
 from pretrain_cli.counts import count
 from pretrain_cli.data import encode_pool, tasks
-from pretrain_cli.data.documents import DocumentReader, list_input_files
+from pretrain_cli.data.documents import DocumentReader, list_input_files, paragraph_note
 from pretrain_cli.data.indexed import SIDECAR_FORMAT, dtype_for_vocab, read_sidecar, strip_prefix
 from pretrain_cli.data.indexed_writer import IndexedDatasetWriter, check_output_prefix, sidecar_mismatch
 from pretrain_cli.data.prefix_lock import PrefixLock
@@ -212,6 +212,13 @@ def _locked(job: Job, prefix: str, files: list, skipped: list, task: str, tok, c
         f"({dtype.name}), max id {stats['max_id']}, {empty} empty skipped, {reader.bad_lines} bad lines skipped"
         f"{corrupt}, {el:.1f}s ({new_tokens / max(el, 1e-9):.0f} tokens/s, {new_bytes / max(el, 1e-9) / 1e6:.1f} "
         f"MB/s){cap}")
+    said = paragraph_note(reader)
+    if said:
+        note(f"preprocess: {said}")
+    if eos is None and tok.eos_token_id is not None:  # (after the summary: a bad input's error stays one line)
+        note(f"preprocess: note: no --append_eos: the documents do not end in {tok.special_tokens['eos']} (the EOS "
+             f"of {job.tokenizer}), so packed training samples run one document into the next with nothing between "
+             f"them; add --append_eos (sample_mode padded adds an EOS itself)")
     return 0
 
 

@@ -114,6 +114,7 @@ class FileReader:
         self.path, self.json_key, self.bad = path, json_key, bad
         self.format, self.compression = kind(path) or (path.suffix, "")
         self.bytes = 0
+        self.lines = self.paragraphs = 0  # a .txt file's non-blank lines and the paragraphs (documents) they made
         self._raw = None  # the file on disk, while it is read
         self._rows = self._rows_read = self._size = 0  # Parquet: its rows, the rows read, its size
 
@@ -184,13 +185,16 @@ class FileReader:
                 if not para:
                     start = lineno
                 para.append(line)
+                self.lines += 1
                 continue
             if para:
+                self.paragraphs += 1
                 text = self._decode(para, start)
                 para = []
                 if text is not None:
                     yield text
         if para:
+            self.paragraphs += 1
             text = self._decode(para, start)
             if text is not None:
                 yield text

@@ -202,13 +202,19 @@ class Tokenizer:
         return self._tok.id_to_token(int(i))
 
     def save(self, directory: str | os.PathLike) -> None:
-        """tokenizer.json + tokenizer_config.json + special_tokens_map.json (HF layout)."""
+        """tokenizer.json + tokenizer_config.json + special_tokens_map.json (HF layout). The special tokens without
+        a role are listed as `additional_special_tokens` in both config files: tokenizer.json flags them special,
+        but transformers' `all_special_tokens` (what `skip_special_tokens` drops) lists only the named ones; 5.x
+        reads the key as its `extra_special_tokens`, and 4.x, whose `extra_special_tokens` is a dict of named
+        tokens, reads it as it is."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
+        extra = self.extra_special_tokens()
         roles = {f"{r}_token": t for r, t in self.special_tokens.items() if t is not None}
+        roles.update({"additional_special_tokens": extra} if extra else {})
         files = {
             "tokenizer.json": self._tok.to_str(pretty=True),
-            "tokenizer_config.json": json.dumps(_config_for(self.special_tokens), indent=2) + "\n",
+            "tokenizer_config.json": json.dumps(_config_for(self.special_tokens, extra), indent=2) + "\n",
             "special_tokens_map.json": json.dumps(roles, indent=2) + "\n",
         }
         for name, text in files.items():
@@ -233,8 +239,9 @@ def _parts_before_model(text: str) -> tuple[dict, tuple[int, int]]:
     return parts, span
 
 
-def _config_for(special_tokens: dict[str, str | None]) -> dict:
-    """tokenizer_config.json: the class that reads tokenizer.json as it is, no tokens added, the roles."""
+def _config_for(special_tokens: dict[str, str | None], extra=()) -> dict:
+    """tokenizer_config.json: the class that reads tokenizer.json as it is, no tokens added, the roles and the
+    special tokens without one (`extra`, as `Tokenizer.save` says)."""
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "clean_up_tokenization_spaces": False,
@@ -242,6 +249,7 @@ def _config_for(special_tokens: dict[str, str | None]) -> dict:
         "add_eos_token": False,
         "model_max_length": 1_000_000_000,
         **{f"{r}_token": t for r, t in special_tokens.items() if t is not None},
+        **({"additional_special_tokens": list(extra)} if extra else {}),
     }
 
 

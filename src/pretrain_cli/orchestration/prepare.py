@@ -98,6 +98,8 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
             spec.run = run = replace(run, notes=(*run.notes, *id_notes, *unused_vocab(args, model_cfg, spec.tokenizer)))
     if not (run.data.sample_mode == "padded" and spec.tokenizer is None):  # (reported above)
         spec.splits = problems.run(open_splits, run, model_cfg, spec.tokenizer)
+        if spec.splits is not None and spec.splits.notes:  # said by `check` and in `train`'s log
+            spec.run = run = replace(run, notes=(*run.notes, *spec.splits.notes))
     elif run.data.input_dir is not None:  # the token files are checked without the tokenizer too
         problems.run(open_token_files, run.data.input_dir)
     if run.model.continue_training:  # a note when its weights' tokenizer is another (its files, else its record)
