@@ -114,7 +114,7 @@ def test_a_split_too_small_for_one_sample_names_a_split_that_fits(tmp_path):
         build_datasets(prefix, "949,50,1", 200, 7, need=("train", "valid"))
     assert str(e.value) == (f"{prefix}: the valid split has 128 tokens, fewer than one sample of max_seq_length+1 = "
                             "201; use more data or a shorter max_seq_length, or set split: \"911,88,1\" (this "
-                            "source's valid split would then hold 256 tokens)")
+                            "source's valid split would then hold 1 sample)")
     assert build_datasets(prefix, "911,88,1", 200, 7, need=("train", "valid")).valid.samples_per_epoch == 1
     with pytest.raises(UserError, match=r"a shorter max_seq_length$"):  # no split leaves train one sample: not named
         build_datasets(prefix, "949,50,1", 1300, 7, need=("train", "valid"))

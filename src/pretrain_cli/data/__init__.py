@@ -126,13 +126,13 @@ def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode
 
     `tokenizer` (a `pretrain_cli.data.tokenizer.Tokenizer` or a directory) is needed for sample_mode 'padded';
     a loaded one is also what every source's sidecar must name (`check_tokenizer`). `need` names the splits the
-    run uses; an empty one is an error.
+    run uses (or maps each to the samples the run reads from it: `split_datasets`); an empty one is an error.
     `data_cache`, if set, is where per-epoch index arrays are cached (atomic writes).
     `document_mask`: packed samples also carry `doc_start` (and `position_ids` with `reset_position_ids`).
     """
     if isinstance(split, str):
         split, split_text = parse_split(split), split
-    need = tuple(need)
+    need = need if isinstance(need, dict) else tuple(need)  # {name: samples read}: `split_datasets`'s
     unknown = [n for n in need if n not in SPLIT_NAMES]
     if unknown:
         raise ValueError(f"unknown split names {unknown}")

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from pretrain_cli import atomic
+from pretrain_cli.counts import count
 from pretrain_cli.data.indexed import IndexedDataset
 from pretrain_cli.errors import UserError
 from pretrain_cli.ops.loss import IGNORE_INDEX
@@ -278,7 +279,8 @@ def split_datasets(source: IndexedDataset, fractions, seq_len: int, seed: int, m
                    document_mask: bool = False, reset_position_ids: bool = True, split_text: str = "") -> dict:
     """name -> dataset (None when the split is empty and not needed); `document_mask` applies to packed
     samples only (a padded sample holds one document). `fractions`: `parse_split`'s (`RunConfig.data.split`),
-    `split_text` as the user wrote it (for messages)."""
+    `split_text` as the user wrote it (for messages). `need`: the splits the run uses, or {name: samples the run
+    reads from it}, what a `split` named to fix a split too small aims at (`_split_for`)."""
     if mode not in ("packed", "padded"):
         raise UserError(f"sample_mode: unknown {mode!r}; use 'packed' or 'padded'")
     b = split_bounds(fractions, len(source))
@@ -288,8 +290,9 @@ def split_datasets(source: IndexedDataset, fractions, seq_len: int, seed: int, m
         lo, hi = b[k], b[k + 1]
         if hi <= lo:
             if name in need:
-                fix = (f"give {name} a non-zero share (e.g. \"949,50,1\")" if fractions[k] == 0
-                       else "its share rounds to 0 documents: raise it or use more documents")
+                better = _split_for(source, fractions, seq_len, mode, need) if k else None
+                fix = (f"set split: {better}" if better else f"give {name} a non-zero share (e.g. \"949,50,1\")"
+                       if fractions[k] == 0 else "its share rounds to 0 documents: raise it or use more documents")
                 raise UserError(f"split: {split!r} leaves the {name} split empty (0 of {len(source)} documents in "
                                 f"{source.prefix}) but {PHASE_OF[name]} needs it; {fix}, or turn off {PHASE_OF[name]}")
             out[name] = None
@@ -305,26 +308,53 @@ def split_datasets(source: IndexedDataset, fractions, seq_len: int, seed: int, m
             if name not in need:
                 out[name] = None  # too small to use, but nobody asked for it
                 continue
-            better = _split_for(source, fractions, k, seq_len + 1) if mode == "packed" and k else None
+            better = _split_for(source, fractions, seq_len, mode, need) if k else None
             if better is None:
                 raise
-            raise UserError(f"{e}, or set split: \"{better[0]}\" (this source's {name} split would then hold "
-                            f"{better[1]:,} tokens)") from None
+            raise UserError(f"{e}, or set split: {better}") from None
     return out
 
 
-def _split_for(source: IndexedDataset, fractions, k: int, need: int):
-    """(split text, tokens of split k) of the smallest share of split k, taken from train's, in thousandths, that
-    gives split k of `source` at least `need` tokens and leaves train as many; None if none does. A user who sees
-    a split too small for one sample is shown the `split` value that fixes it, not only more data or shorter
-    samples."""
+def _split_for(source: IndexedDataset, fractions, seq_len: int, mode: str, need) -> str | None:
+    """`"split"` and what it gives each evaluation split the run needs, or None if no split does: shares taken from
+    train's, in thousandths, until every needed split at once (valid and test) holds the samples the run reads from
+    it (`need`'s counts: each source of a blend aims at the whole count), the evaluation splits together keeping
+    within a tenth of the data (or the share the user gave them), else one sample each, train keeping one. A user who sees a split too small for one sample is shown
+    the `split` value that fixes it, not only more data or shorter samples, and not one that fixes that split only
+    for the next check to stop at the other."""
     parts = [int(round(f * 1000)) for f in fractions]
+    total = sum(parts)
     cum = np.concatenate(([0], np.cumsum(np.asarray(source.sizes, dtype=np.int64))))  # [n+1] tokens before doc i
-    for v in range(parts[k] + 1, parts[0] + parts[k]):
+    wanted = [k for k in (1, 2) if SPLIT_NAMES[k] in need]
+    reads = {k: max(1, int(need[SPLIT_NAMES[k]] or 1)) for k in wanted} if isinstance(need, dict) else {}
+
+    def samples(b, k: int) -> int:
+        if mode == "packed":  # n samples of seq_len take n * seq_len + 1 tokens
+            return max(0, int(cum[b[k + 1]] - cum[b[k]] - 1) // seq_len)
+        return b[k + 1] - b[k]  # padded: one document a sample
+
+    tiers = [(reads, max(total // 10, total - parts[0]))] if any(v > 1 for v in reads.values()) else []
+    for target, cap in (*tiers, ({k: 1 for k in wanted}, total)):
         trial = list(parts)
-        trial[0], trial[k] = parts[0] + parts[k] - v, v
-        b = split_bounds([t / sum(trial) for t in trial], len(source))
-        got = int(cum[b[k + 1]] - cum[b[k]])
-        if got >= need and cum[b[1]] - cum[b[0]] >= need:
-            return ",".join(map(str, trial)), got
+        while True:
+            b = split_bounds([t / total for t in trial], len(source))
+            short = [k for k in wanted if samples(b, k) < target[k]]
+            if not short:
+                break
+            if trial[0] <= len(short) or total - trial[0] + len(short) > cap:
+                trial = None
+                break
+            for k in short:
+                trial[0], trial[k] = trial[0] - 1, trial[k] + 1
+        if trial is None or trial == parts or ("train" in need and samples(b, 0) < 1):
+            continue
+        got = {k: samples(b, k) for k in wanted}
+        held = [f"{SPLIT_NAMES[k]} split {count(got[k], 'sample', True)}" for k in wanted]
+        said = f"this source's {' and its '.join(held)}".replace(" split ", " split would then hold ", 1)
+        short = [f"{reads[k]:,} {SPLIT_NAMES[k]}" for k in wanted if got[k] < reads.get(k, 1)]
+        if short:
+            said += f"; the run reads {' and '.join(short)} samples, so evaluation repeats them"
+        elif reads:
+            said += f", the samples the run reads from {'each' if len(wanted) > 1 else 'it'}"
+        return f"\"{','.join(map(str, trial))}\" ({said})"
     return None

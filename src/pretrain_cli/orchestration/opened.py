@@ -187,8 +187,10 @@ def open_splits(run: RunConfig, model_cfg, tokenizer):
     from pretrain_cli.data import build_datasets
 
     lp, d = run.loop, run.data
-    need = tuple(name for name, flag in (("train", lp.do_train), ("valid", lp.do_eval), ("test", lp.do_predict))
-                 if flag)
+    per_batch = lp.eval_batch * run.parallel.data_world_size  # an evaluation batch over every data rank
+    reads = (("train", lp.do_train, 1), ("valid", lp.do_eval, lp.eval_iters * per_batch),
+             ("test", lp.do_predict, lp.test_iters * per_batch))
+    need = {name: n for name, flag, n in reads if flag}  # each split the run uses: the samples it reads there
     return build_datasets(input_dir=d.input_dir, split=d.split, max_seq_length=d.max_seq_length, seed=lp.seed,
                           sample_mode=d.sample_mode, tokenizer=tokenizer, data_cache=d.data_cache, need=need,
                           vocab_size=model_cfg.vocab_size, document_mask=d.document_mask,
