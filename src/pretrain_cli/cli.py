@@ -5,7 +5,7 @@ so `--help` and errors about the argument file answer without Paddle's ~2.5 s im
 User errors (`UserError`) become one line per problem on stderr and exit code 2 (a mistyped command line: its one
 usage line first, `CommandParser`); an `OSError` the system
 raises (disk full, permission denied) becomes one line and exit code 1; `--debug` also shows
-the traceback.
+the traceback. A character stdout or stderr cannot encode prints as a backslash escape (`_printable_streams`).
 """
 from __future__ import annotations
 
@@ -185,12 +185,22 @@ def _no_training_keys(parser: CommandParser, overrides: list[str]) -> None:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Run the command line `argv` (default: sys.argv's); `prog`: what the user ran, where it is not `pretrain-cli
     <command>` (scripts/run_pretrain.py: `python scripts/run_pretrain.py`, which runs `train`)."""
+    _printable_streams()
     code = _main(argv, prog)
     from pretrain_cli import runtime
 
     if runtime.process_group_up():  # a launched rank: its exit code, without the teardown that can crash it
         runtime.end_process(code)
     return code
+
+
+def _printable_streams() -> None:
+    """A stream whose encoding cannot spell every character (`PYTHONIOENCODING=latin-1`, a legacy code page) would
+    end a finished command in a UnicodeEncodeError traceback at the first such character printed (a prompt or a
+    generated text in another script, a path): it prints as `\\u65e5` instead, as Python's own stderr prints it."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # (a TextIOWrapper; a replaced stream may not be one)
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _main(argv: list[str] | None, prog: str | None = None) -> int:

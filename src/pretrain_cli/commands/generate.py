@@ -6,8 +6,9 @@ kernels from the run that wrote the directory (its args.json, with `--key value`
 resolved them, or, for a model no run wrote, the kernel keys alone. It stops where transformers' `generate`
 stops on the same directory (`_stop_ids`). A `--prompt_file` is many `--prompt` calls with the model loaded
 once: each prompt alone, with the same seed, so a prompt's text does not depend on the others (no batch, no
-padding). The text after the prompt is `data.generated_text`'s: the whole sequence decoded past the prompt, a
-character `--max_new_tokens` cut held back, and bytes that form no character counted in a note.
+padding). The text after the prompt is `data.generated_text`'s: the whole sequence decoded past the prompt (the
+new ids alone where the prompt's byte tokens fuse with theirs), a character `--max_new_tokens` cut held back, and
+bytes that form no character counted in a note.
 """
 from __future__ import annotations
 
@@ -215,7 +216,7 @@ def main(ns: argparse.Namespace) -> int:
     print(f"kernels: {model.kernels.describe()}", file=sys.stderr)
     from pretrain_cli.data.generated_text import decoder_kind, generated_text, text_notes
 
-    kind = decoder_kind(tok)  # (once: it serialises the tokenizer)
+    kind = decoder_kind(tok)  # (once per tokenizer, not per prompt)
     if tok.vocab_size > cfg.vocab_size:
         raise UserError(f"--tokenizer: {tok.vocab_size} tokens but the model's vocab_size is {cfg.vocab_size}")
     for i, (where, prompt, ids) in enumerate(prompts):
@@ -234,7 +235,8 @@ def main(ns: argparse.Namespace) -> int:
         if ns.json:
             print(json.dumps({"prompt": prompt, "completion": done.text, "tokens": new, "invalid_bytes":
                               done.invalid_bytes, "cut_bytes": done.cut_bytes, "model": str(model_dir),
-                              "model_weights": source, "kernels": model.kernels.describe()}), flush=True)
+                              "model_weights": source, "kernels": model.kernels.describe()},
+                             ensure_ascii=False), flush=True)
         else:
             print(("\n" if i else "") + prompt + done.text, flush=True)
     return 0
