@@ -149,7 +149,7 @@ def main(ns: argparse.Namespace) -> int:
     if fallback is not None:
         spec = spec.resuming(fallback)
     if ns.json:
-        print(json.dumps(spec.summary(), indent=2, default=str))
+        print(json.dumps(spec.summary(), indent=2, default=str, ensure_ascii=False))
         if spec.held:
             raise UserError(spec.held)
         return 0

@@ -118,7 +118,7 @@ def _report(ns: argparse.Namespace, result: dict, t0: float, what: str) -> int:
     result["seconds"] = round(time.perf_counter() - t0, 3)
     print(f"kernels: {result['kernels']}", file=sys.stderr)
     if ns.json:
-        print(json.dumps(result))
+        print(json.dumps(result, ensure_ascii=False))
     else:
         print(f"eval: {what}; loss {result['loss']:.4f}; perplexity {result['ppl']:.2f} ({result['tokens']:,} "
               f"predicted tokens; {result['model']}, {result['model_weights']}; {result['seconds']:.1f} s)")

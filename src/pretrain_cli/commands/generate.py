@@ -235,7 +235,8 @@ def main(ns: argparse.Namespace) -> int:
         if ns.json:
             print(json.dumps({"prompt": prompt, "completion": done.text, "tokens": new, "invalid_bytes":
                               done.invalid_bytes, "cut_bytes": done.cut_bytes, "model": str(model_dir),
-                              "model_weights": source, "kernels": model.kernels.describe()}), flush=True)
+                              "model_weights": source, "kernels": model.kernels.describe()},
+                             ensure_ascii=False), flush=True)
         else:
             print(("\n" if i else "") + prompt + done.text, flush=True)
     return 0

@@ -123,7 +123,7 @@ def _step(ns, tok) -> int:
         raise UserError(f"--step: {ns.step} must be >= 1 (steps are counted from 1, as in the training log)")
     view = _step_view(ns, tok)
     if ns.json:
-        print(json.dumps(_step_object(view, ns.step)))
+        print(json.dumps(_step_object(view, ns.step), ensure_ascii=False))
         return 0
     lines, dataset, micro_bs, acc, tok, skipped, _, ranks = view
     for line in lines + describe_step(dataset, ns.step, micro_bs, acc, ranks, tok, skipped_batches=skipped):
@@ -195,7 +195,7 @@ def main(ns: argparse.Namespace) -> int:
     if made:
         info.update({f: meta[f] for f in ("tokenizer", *TOKENIZER_IDS) if meta.get(f) is not None})
     if ns.json:
-        print(json.dumps(info, sort_keys=True))
+        print(json.dumps(info, sort_keys=True, ensure_ascii=False))
         return 0
     dl = info["doc_length"]
     print(f"{info['prefix']}: OK ({info['format']}, {info['dtype']})")
@@ -278,7 +278,7 @@ def _directory(ns, tok) -> int:
         raise UserError(f"--decode: {ns.prefix} is a directory; pass one token file PREFIX")
     info = summarize_directory(ns.prefix, tok, ns.tokenizer)
     if ns.json:
-        print(json.dumps(info, sort_keys=True))
+        print(json.dumps(info, sort_keys=True, ensure_ascii=False))
     else:
         rows = info["files"]
         print(f"{info['directory']}: {count(len(rows), 'token file')}, {count(info['documents'], 'document')}, "

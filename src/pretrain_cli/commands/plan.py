@@ -119,7 +119,7 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE,
 
         text = yaml.safe_dump(raw, sort_keys=False, default_flow_style=False, allow_unicode=True)
     else:
-        text = json.dumps(raw, indent=4) + "\n"
+        text = json.dumps(raw, indent=4, ensure_ascii=False) + "\n"  # as the YAML above: a file to read and edit
     atomic.write_text(path, text)  # an OSError is one `error:` line, exit 1 (cli.py)
     return said, given
 
@@ -254,7 +254,7 @@ def main(ns: argparse.Namespace) -> int:
     if not ns.fit:
         r = planned.from_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, peak_tflops=ns.peak_tflops,
                               node=node, measured_mfu=ns.measured_mfu, progress=Searching)
-        print(json.dumps(r.to_json(), indent=2) if ns.json else format_report(r))
+        print(json.dumps(r.to_json(), indent=2, ensure_ascii=False) if ns.json else format_report(r))
         return 0
     args, f = planned.fit_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, margin, ns.peak_tflops,
                                node=node, progress=Searching)
@@ -263,7 +263,7 @@ def main(ns: argparse.Namespace) -> int:
         f = {**f, "given": given}
     if not ns.json and f["notes"]:
         print("\n".join(f"note: {n}" for n in f["notes"]))
-    print(json.dumps(f, indent=2) if ns.json else fit_report.format_fit(f))
+    print(json.dumps(f, indent=2, ensure_ascii=False) if ns.json else fit_report.format_fit(f))
     if ns.output and f["after"] is not None and not ns.json:
         print(f"wrote {ns.output}: {said}; {next_steps(ns.output, ns.device, f['gpus'], ns.gpus_per_node)}")
     elif ns.output and f["after"] is None:  # (under --json on stderr: stdout is the one JSON object)

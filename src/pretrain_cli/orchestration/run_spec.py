@@ -141,7 +141,7 @@ class RunSpec:
         a, r = self.args, self.run
         lp, cfg = r.loop, self.model_cfg
         lines = [f"arguments ({a.config_path or 'command line'}):"]
-        lines += [f"  {k} = {json.dumps(v)}" for k, v in a.to_dict().items() if k in a.explicit]
+        lines += [f"  {k} = {json.dumps(v, ensure_ascii=False)}" for k, v in a.to_dict().items() if k in a.explicit]
         lines.append("resolved:")
         lines += [f"  note: {n}" for n in r.notes]
         if self.resume is not None:
