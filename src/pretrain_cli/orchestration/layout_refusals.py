@@ -58,23 +58,25 @@ class LayoutRefusals:
     def __init__(self, args, model_cfg, target):
         self.args, self.model_cfg, self.target = args, model_cfg, target
         self.trees: dict[int, list] = {}  # world -> [(section, key), {value: subtree}] or a verdict (bool)
-        self._reprs: dict[tuple, str] = {}  # (section, key) or (key, value) -> the value as the arguments hold it
+        self._file: dict[tuple, str] = {}  # (section, key) -> the file's value, as the rules read it (its repr)
+        self._changed: dict[tuple, str] = {}  # (key, a change's value) -> the value typed as `with_changes` types it
 
     def _value(self, change: dict, section: str, key: str) -> str:
         if key not in change:
-            value = (section, key)
-            if value not in self._reprs:
-                self._reprs[value] = repr(getattr(getattr(self.args, section), key))
-            return self._reprs[value]
-        value = (key, change[key])
-        if value not in self._reprs:  # (typed as `with_changes` types it)
-            self._reprs[value] = repr(coerce(KEYS[key], change[key], "command line"))
-        return self._reprs[value]
+            if (section, key) not in self._file:
+                self._file[section, key] = repr(getattr(getattr(self.args, section), key))
+            return self._file[section, key]
+        if (key, change[key]) not in self._changed:
+            self._changed[key, change[key]] = repr(coerce(KEYS[key], change[key], "command line"))
+        return self._changed[key, change[key]]
 
     def remembered(self, change: dict, world: int) -> bool | None:
         node = self.trees.get(world)
-        while isinstance(node, list):
-            node = node[1].get(self._value(change, *node[0]))
+        try:
+            while isinstance(node, list):
+                node = node[1].get(self._value(change, *node[0]))
+        except TypeError:  # a change's value that is not hashable (a list): not looked up
+            return None
         return node
 
     def probe(self, changed, world: int) -> bool:
