@@ -118,6 +118,10 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
         from pretrain_cli.orchestration.resumed import later_checkpoints
 
         problems.run(later_checkpoints, run, saved)
+    if saved is None and run.loop.do_train and run.model.continue_training:  # (starts at sample 0: the source's?)
+        from pretrain_cli.orchestration.continued import same_data_note
+
+        spec.run = run = replace(run, notes=(*run.notes, *same_data_note(model_dir, run)))
     from pretrain_cli.models.foreign_weights import weight_files
 
     read, unread = weight_files(model_dir)  # read or not (a preset's directory holds none)
