@@ -74,3 +74,15 @@ def test_a_prompt_jsonl_names_the_line_of_the_file(tmp_path):
         _prompts(argparse.Namespace(prompt=None, prompt_file=str(path)))
     assert str(e.value) == (f"{path}:3:2: invalid JSON: a single-quoted string; JSON strings take double quotes "
                             f'("..."); one object per line')
+
+
+def test_a_model_directory_a_run_names_says_it_in_check(tmp_path, capsys):
+    """model_name_or_path's config.json, read by `check` and `train` (`orchestration.opened`), the same way."""
+    from pretrain_cli import cli
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{\n  "model_type": "llama", // tiny\n  "hidden_size": 16\n}\n')
+    assert cli.main(["check", "--model_name_or_path", str(tmp_path / "m"), "--output_dir", str(tmp_path / "o"),
+                     "--do_train", "--max_steps", "1"]) == 2
+    assert f"error: {tmp_path / 'm' / 'config.json'}:2:26: invalid JSON: a // comment (JSON has no comments); " \
+           f"remove it" in capsys.readouterr().err.splitlines()
