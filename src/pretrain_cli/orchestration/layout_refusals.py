@@ -2,7 +2,7 @@
 runs first for a candidate and which refuses most of `--fit`'s candidates: products of degrees such as sequence
 parallelism with a Mixture-of-Experts model or ZeRO-3 under a pipeline, each tried at every micro-batch, recompute
 and attention, which the rules do not read). Keyed by what the rules read: the argument values one run of them read
-(recorded through `_Reading`) and the target; a candidate with the same values takes the same path through the
+(recorded through `_Reading`) and the world (the device is the search's); a candidate with the same values takes the same path through the
 rules, so its verdict is the remembered one, and a refused candidate is not resolved again. A run that read
 anything but a section's values (`Arguments.explicit`, `get`) is not remembered. No Paddle.
 """
