@@ -32,7 +32,31 @@ def read_state(ckpt) -> dict:
     for key in ("global_step", "consumed_samples"):
         if not isinstance(state.get(key), int):
             raise UserError(f"{path}: missing or invalid `{key}`; resume from another checkpoint")
+    if "loss_scaler" in state and (wrong := loss_scaler_problem(state["loss_scaler"])):
+        raise UserError(f"{path}: `loss_scaler`: {wrong} (delete the entry to start the scale at scale_loss); resume "
+                        f"from another checkpoint")
     return state
+
+
+FLOAT32_MAX, FLOAT32_NORMAL = 3.4028234663852886e38, 2.0 ** -126  # float32's largest finite and smallest normal
+
+
+def loss_scaler_problem(entry) -> str | None:
+    """What is wrong with a trainer state's `loss_scaler` (fp16's scale and counts: `precision.Amp.state_dict`), or
+    None. Judged with the state, so a resume skips such a checkpoint (or refuses it by name) before its run writes
+    anything, and `check` says so as well. The scale becomes a float32 tensor: past float32's range it would be inf
+    (every step an overflow, and the scale never comes back), below its normal range 0 or a subnormal; JSON's
+    `true` is an int to Python, and no count."""
+    if not isinstance(entry, dict):
+        return f"{entry!r} is not an object of scale, incr_count and decr_count"
+    scale = entry.get("scale")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not FLOAT32_NORMAL <= scale <= FLOAT32_MAX:
+        return f"scale {scale!r} is not a finite, positive, normal float32 ({FLOAT32_NORMAL:.4g} to {FLOAT32_MAX:.4g})"
+    for key in ("incr_count", "decr_count"):
+        count = entry.get(key)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            return f"{key} {count!r} is not an integer >= 0"
+    return None
 
 
 class CheckpointDir:

@@ -111,22 +111,24 @@ class Trainer(TrainLog):
         self._load_loss_scaler(d.get("loss_scaler"), ckpt)
 
     def _load_loss_scaler(self, saved, ckpt: CheckpointDir | None) -> None:
-        """fp16: the checkpoint's loss scale and counts (`precision.Amp.state_dict`), on a resume and a spike
-        rollback alike. A state without them (a run without fp16 wrote it, or a version that did not keep them) leaves
-        the scaler as it is, with a note."""
+        """fp16: the checkpoint's loss scale and counts (`precision.Amp.state_dict`; judged valid when the state was
+        read, `checkpoint_dir.loss_scaler_problem`), on a resume and a spike rollback alike: the scale goes on where
+        the checkpoint left it, whatever this run's scale_loss (where a run's scale starts), said in a note where the
+        checkpoint's run was given another. A state without them (a run without fp16 wrote it, or a version that did
+        not keep them) leaves the scaler as it is, at scale_loss, with a note."""
         if not self.amp.loss_scaling:
             return
         where = ckpt.path / STATE_FILE if ckpt is not None else "the trainer state"
+        start = self.amp.precision.loss_scale
         if saved is None:
             log.info(f"note: {where} holds no fp16 loss scale (written without fp16, or by a version that did not "
                      f"keep it); the scale goes on from {self.amp.state_dict()['scale']:g}")
             return
-        ok = isinstance(saved, dict) and all(isinstance(saved.get(k), int) and saved[k] >= 0
-                                             for k in ("incr_count", "decr_count"))
-        scale = saved.get("scale") if ok else None
-        if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and 0 < scale < float("inf")):
-            raise UserError(f"{where}: `loss_scaler` is not a positive finite scale with integer counts ({saved!r}); "
-                            f"resume from another checkpoint")
+        given = ckpt.run("precision", "loss_scale") if ckpt is not None else None
+        if isinstance(given, (int, float)) and given != start:
+            log.info(f"note: scale_loss {start:g} differs from the {given:g} {ckpt.name}'s run was given: the scale "
+                     f"goes on from the checkpoint's {saved['scale']:g} (scale_loss is where a run's scale starts); "
+                     f"to start at {start:g}, delete `loss_scaler` from {where}")
         self.amp.load_state_dict(saved)
 
     def release(self) -> None:
