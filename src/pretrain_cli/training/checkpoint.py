@@ -227,14 +227,18 @@ class Saver:
         tmp = shard_writer.tmp_dir(final)
         try:
             shard_writer.write_rank(tmp, rank, world, pieces)
-            if self.writer is None:  # training waits for the others' files now: a wait, not this rank's work
-                progress.mark("collective", step)
+            if self.writer is None:  # training waits for the others' parts now: a wait, not this rank's work, and
+                # given the save's allowance (a plain collective's, `hang_timeout`, killed healthy saves slower on
+                # one rank than that): the rank named at a hang is then the one still writing
+                progress.mark("save (waiting)", step)
             if rank != 0:
                 return
             write_model_config(self.cfg, str(tmp), self.dtype)
             export_files(self.tokenizer_dir, tmp)
             atomic.write_json(tmp / ARGS_FILE, self.run_args)
             records = shard_writer.collect(tmp, world, step)
+            if self.writer is None:  # every part is in: the index, the rename and the rotation are rank 0's own work
+                progress.mark("save", step)
             path = shard_writer.publish(tmp, final, records, layout, state)
         except BaseException as e:
             # disk full, permissions, Ctrl-C: rank 0 drops the partial directory (frees the space it took) and

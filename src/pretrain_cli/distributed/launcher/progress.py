@@ -7,13 +7,17 @@ writes where it is into a small record the watchers of its host read (`distribut
 training loop, in their own processes): a file of `SIZE` bytes in the host's shared watch directory, memory-mapped by
 the rank, so a mark is a few stores into memory, no system call. The training loop marks each phase as it enters it
 (`mark`): `data` (the step's batches), `forward/backward`, `collective` (gradient sync, norm, the step's agreements),
-`save`, `eval`; `start-up` until the first mark.
+`save`, `save (waiting)` (a synchronous save's own files written, waiting for the other ranks' or rank 0's publish;
+rank 0 marks `save` again for its publish),
+`eval`; `start-up` until the first mark.
 
 **Hung** (`hung`): once a rank's mark is older than its phase's allowance (`allowance`: the `hang_timeout` key, else
 `DEFAULT` seconds, raised to `STEPS` of the run's own step time once that is known; `start-up`, `save` and
-`eval`, whose length no step time predicts, at least `START`),
-the job has stalled, and the rank named is the one the others wait for: a stopped one (`/proc` state T), else one
-that is not waiting in a collective, else the late one whose mark is oldest. Inside a pipeline's schedule a stage
+`eval`, whose length no step time predicts, at least `START`; a rank waiting for the others to finish a save the
+save's allowance too: judged by the plain key, a healthy save whose ranks' parts differ by more than it was called
+hung), the job has stalled, and the rank named is the one the others wait for: a stopped one (`/proc` state T), else
+one that is not waiting (`WAITING`: in a collective, or for a save's other parts), else the late one whose mark is
+oldest. Inside a pipeline's schedule a stage
 waiting for its neighbour is in `forward/backward` too, so there a hang that is not a stopped process is named by
 the oldest mark only.
 
@@ -35,13 +39,16 @@ import time
 from collections import deque
 from pathlib import Path
 
-PHASES = ("start-up", "data", "forward/backward", "collective", "save", "eval", "done")  # done: its watcher stopped
+PHASES = ("start-up", "data", "forward/backward", "collective", "save", "save (waiting)", "eval",
+          "done")  # done: its watcher stopped
 _FORMAT = "<qqdddqq"  # step, phase, since (wall time of the mark), step seconds, busy seconds, steps timed, pid
 SIZE = struct.calcsize(_FORMAT)
 DEFAULT = 300.0  # seconds without progress before a rank is hung, when hang_timeout is not set
 STEPS = 20  # ... or this many of the run's own steps, when its steps are slower
 START = 600.0  # start-up (building, reading a checkpoint), a save and an evaluation are allowed at least this long
-LONG = ("start-up", "save", "eval")  # phases whose length is no step's: a checkpoint's bytes, eval_iters batches
+LONG = ("start-up", "save", "save (waiting)", "eval")  # whose length is no step's: a checkpoint's bytes, eval_iters
+SAVING = ("save", "save (waiting)")  # a save: the rank's own part, then its wait for the others' (synchronous)
+WAITING = ("collective", "save (waiting)")  # a rank waiting for others: not the one they wait for
 WAITED = 20.0  # a rank idle this long when gloo's 30 s timeout ends a peer waiting for it is the one that hung
 WINDOW = 20  # steps a straggler's median is taken over
 RATIO = 1.5  # a straggler's own work per step, over the other ranks' median
@@ -62,15 +69,18 @@ class Record:
             os.close(fd)
         self.step, self.phase, self.since = 0, 0, time.time()
         self.started = None  # wall time of this step's `data` mark
-        self.saved = None  # seconds the last finished save took (its `save` mark to the next): `last_save`
+        self.saved = None  # seconds the last finished save took (its `save` mark to the next outside it): `last_save`
+        self.saving = self.since  # wall time of the current (or last) save's first mark
         self.own = 0.0  # this step's own work so far: its data phase, its forward passes (`worked`)
         self.steps, self.busy = deque(maxlen=WINDOW), deque(maxlen=WINDOW)
         self._write()
 
     def mark(self, phase: str, step: int) -> None:
         now = time.time()
-        if self.phase == PHASES.index("save") and phase != "save":
-            self.saved = now - self.since
+        if PHASES[self.phase] in SAVING and phase not in SAVING:
+            self.saved = now - self.saving
+        if phase == "save" and PHASES[self.phase] not in SAVING:
+            self.saving = now
         if phase == "data":  # a step starts: the previous one, from its data mark to this one, is timed
             if self.started is not None and step != self.step:
                 self.steps.append(now - self.started)
@@ -177,7 +187,7 @@ def hung(records: dict, now: float, key: float | None, stopped=()) -> tuple[int,
     if not late:
         return None
     live = [r for r, rec in records.items() if rec["phase"] != "done"]
-    r = min(live, key=lambda r: (r not in stopped, records[r]["phase"] == "collective", r not in late,
+    r = min(live, key=lambda r: (r not in stopped, records[r]["phase"] in WAITING, r not in late,
                                  records[r]["since"]))
     return r, now - records[r]["since"]
 

@@ -153,7 +153,7 @@ def killed(mark: str, now: float, phase: str, step: int) -> str:
         at, limit = float(at), int(limit) or None
     except ValueError:
         return ""
-    doing = f"while saving checkpoint-{step}" if phase == "save" else f"in {phase} at step {step}"
+    doing = f"while saving checkpoint-{step}" if phase.startswith("save") else f"in {phase} at step {step}"
     who = _who(limit, source) if limit else "whatever sent it (a scheduler after its grace period, the OOM killer)"
     return (f", {max(now - at, 0):.0f} s into its stop after a signal, {doing}: most likely {who}; that checkpoint is "
             f"lost (a re-run resumes from the newest complete one), {_longer(source)}")

@@ -126,7 +126,7 @@ class Evidence:
             if not (processes.alive(pid) or (self.shared / f"outlived.{r}").exists()):
                 continue
             stopped = self._stopped(r) and (timeouts or since < first)
-            waiting = records[r]["phase"] in ("collective", "done")  # waiting for others itself, or finished
+            waiting = records[r]["phase"] in (*progress.WAITING, "done")  # waiting for others itself, or finished
             if stopped or (timeouts and not waiting and now - since >= progress.WAITED):
                 idle.append(r)
         if idle:

@@ -324,7 +324,7 @@ class Watcher:
             r = causes[0]
             named = (f"rank {r} (pid {self.ranks[r]} on {self.host}) made no progress for {cause['seconds']:.0f} s "
                      f"while in {cause['phase']} at step {cause['step']}")
-            if cause["phase"] == "collective" and self.remote:  # every rank here waits: for a rank elsewhere
+            if cause["phase"] in progress.WAITING and self.remote:  # every rank here waits: for a rank elsewhere
                 named += f", waiting for a rank on another host ({elsewhere}), which that node's workerlog names"
         else:
             named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) died: {processes.describe_status(st)}"
