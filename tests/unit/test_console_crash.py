@@ -40,13 +40,42 @@ def test_a_crash_after_the_ranks_own_lines_stays_off_the_console(capsys):
     assert console.dropped[-1].startswith("[pretrain-cli] rank 0: rank 1") and "FatalError" in "".join(console.dropped)
 
 
-def test_a_python_traceback_the_rank_survives_and_a_mention_of_gloo_are_kept(capsys):
+# gloo's 30 s timeout raised in a Python collective (rank 0 waiting in the evaluation's all_reduce for a stopped rank 1),
+# as workerlog.0 held it: its 47 lines reached the console, all but the exception line, which alone matched
+TIMEOUT = """Traceback (most recent call last):
+  File "/work/main/scripts/run_pretrain.py", line 16, in <module>
+    raise SystemExit(main(["train", *sys.argv[1:]], prog=f"python {sys.argv[0]}"))
+                     ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  File "/work/main/src/pretrain_cli/training/trainer.py", line 340, in evaluate
+    total, count = self.comm.sum(total) / copies, self.comm.sum(count) / copies
+  File "/work/main/src/pretrain_cli/distributed/comms/comm.py", line 74, in _reduce
+    dist.all_reduce(t, op=op)
+  File "/work/.venv/lib/python3.11/site-packages/paddle/distributed/communication/stream/all_reduce.py", line 51, in _all
+    task = group.process_group.all_reduce(tensor, op_type, sync_op)
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+RuntimeError: [/paddle/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:80] TIMEOUT self_rank = none pair_rank = -1
+"""
+
+
+def test_gloos_timeout_raised_as_a_python_traceback_stays_off_the_console(capsys):
     console = failure_report._Console()
-    kept = ("Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: retried\n"
-            "step 3: reading /data/gloo_corpus/part-1\n[    INFO] - loss: 6.25, global_step: 4\n")
-    console.write(kept)
+    for part in ("[2026-12-07 20:04:30,938] [    INFO] - loss: 6.08, global_step: 6\n", TIMEOUT[:300], TIMEOUT[300:],
+                 VERDICT):
+        console.write(part)
     console.flush()
-    assert capsys.readouterr().out == kept
+    assert capsys.readouterr().out == "[2026-12-07 20:04:30,938] [    INFO] - loss: 6.08, global_step: 6\n"
+    assert console.dropped[0].startswith("Traceback") and console.dropped[-2].startswith("RuntimeError")
+
+
+def test_a_python_traceback_the_rank_goes_on_from_ends_at_its_next_logged_line_and_a_mention_of_gloo_is_kept(capsys):
+    console = failure_report._Console()
+    survived = "Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: retried\n"
+    kept = ("step 3: reading /data/gloo_corpus/part-1\n"
+            "[2026-12-07 18:00:01,456] [    INFO] - loss: 6.25, global_step: 4\n")
+    console.write("step 2: reading /data/gloo_corpus/part-0\n" + survived + kept)
+    console.flush()
+    assert capsys.readouterr().out == "step 2: reading /data/gloo_corpus/part-0\n" + kept.split("\n", 1)[1]
+    assert "".join(console.dropped) == survived + kept.split("\n", 1)[0] + "\n"
 
 
 def test_a_crash_the_rank_survives_ends_at_its_next_logged_line(capsys):
@@ -71,6 +100,8 @@ def test_one_list_of_a_crash_s_lines_for_the_console_and_the_watchers():
 
     out = b"step 7: loss 2.5\nFatal Python error: Aborted\n\nThread 0x1 (most recent call first):\n"
     assert watcher.before_abort(out) == b"step 7: loss 2.5\n"
+    assert watcher.before_abort(b"step 7: loss 2.5\n" + TIMEOUT.encode()) == b"step 7: loss 2.5\n"
+    assert rank_log.crash_line(rank_log.TRACEBACK) and rank_log.crash_line(rank_log.GROUP)  # (one list: the console's)
     for line in ABORT.splitlines():
         if line.strip() and not line.startswith((" ", "-", "Thread", "Current", "0 ")):
             assert rank_log.crash_line(line), line

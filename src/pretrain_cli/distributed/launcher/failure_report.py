@@ -32,8 +32,9 @@ FAILED = "Container failed"  # the start of the launcher's ERROR record of a fai
 ENDING = re.compile(r"error: |" + rank_log.VERDICT.pattern)
 # a rank's fatal crash (`rank_log.crash_line`), which launch.sh's account names and its workerlog keeps in full: gloo's
 # 30 s timeout aborting the rank waiting for a stopped peer, with every thread's stack, Paddle's C++ traceback and
-# FatalError; it lasts until the rank's next line of its own log (`rank_log.LOGGED`: a crash it survived, a Paddle
-# error caught and logged, ends there). A Python `Traceback` is not one: a rank may log one and go on
+# FatalError, or raised in a Python collective as a traceback; an uncaught error's traceback (launch.sh quotes its end);
+# it lasts until the rank's next line of its own log (`rank_log.LOGGED`: a crash it survived, a Paddle error caught
+# and logged, a traceback printed and gone on from, ends there)
 
 
 def _crashed(line: str, before: bool) -> bool:
@@ -44,8 +45,9 @@ def _crashed(line: str, before: bool) -> bool:
 class _Console:
     """The launcher's copy of rank 0 onto stdout, without the lines of `ENDING` and the blank lines before them (a
     watcher sets its verdict apart so), nor a crash, from its first line (`rank_log.crash_line`) to the rank's next line
-    of its own log (`rank_log.LOGGED`): ~60 lines of gloo's abort, stacks and tracebacks before launch.sh's one line
-    naming the rank that hung (those left out are kept in
+    of its own log (`rank_log.LOGGED`): ~60 lines of gloo's abort, stacks and tracebacks (or ~50 of a Python
+    traceback ending in gloo's `TIMEOUT`) before launch.sh's one line naming the rank that hung (those left out are
+    kept in
     `dropped`, the last `KEPT`); a line is judged whole
     (a part read before its writer finished it waits for its end). Paddle reads the log in text mode with universal
     newlines, so "\r\n" and a lone "\r" reach `write` as "\n" already: lines end at "\n" only here

@@ -31,14 +31,19 @@ VERDICT = re.compile(re.escape(PREFIX) + r"(rank \d+: )?rank \d+ \(pid \d+ on [^
                      # a join's limit (`join_deadline`): the rank that never came, or the waiting rank's own
                      r"|( \(and \d+ more rank\(s\) of this host\))? (has not come|came) to the join"
                      r"|: the process group (of \d+ ranks )?has not formed)")
+# what starts a crash's account in a rank's log: an uncaught exception's traceback (an ExceptionGroup's, indented),
+# a fatal signal's stack (Python's faulthandler, on for every rank: `runtime.import_paddle`)
+TRACEBACK, GROUP = "Traceback (most recent call last):", "  + Exception Group Traceback (most recent call last):"
 # how a rank's fatal crash, or its reaction to a lost peer, starts (the one list: the launcher's console copy of rank 0
 # leaves it out, `failure_report`; a watcher drops it from a survivor's output, `watcher.before_abort`): a line starting
-# with gloo's C++ abort (`terminate called ... gloo::TimeoutException`, its `what():`), Python's fatal-error report,
-# Paddle's C++ traceback, its summary and FatalError, or holding gloo's own forms (its C++ names, Paddle's gloo
-# process group, gloo's enforce) or a place in gloo's sources, wherever gloo was built (the wheel's
-# `/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:589`, a build's `gloo/transport/tcp/pair.cc:589`)
-CRASH_STARTS = ("terminate called", "what():", "Fatal Python error", "C++ Traceback", "Error Message Summary",
-                "FatalError")
+# with gloo's C++ abort (`terminate called ... gloo::TimeoutException`, its `what():`), Python's fatal-error report, a
+# Python traceback (gloo's timeout raised in a Python collective, `RuntimeError: [.../gloo/...] TIMEOUT`, whose
+# exception line alone matched below and left the traceback's frames on the console, 47 lines; an uncaught error,
+# whose end launch.sh's account quotes), Paddle's C++ traceback, its summary and FatalError, or holding gloo's own forms
+# (its C++ names, Paddle's gloo process group, gloo's enforce) or a place in gloo's sources, wherever gloo was built
+# (the wheel's `/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:589`, a build's `gloo/transport/tcp/pair.cc:589`)
+CRASH_STARTS = ("terminate called", "what():", "Fatal Python error", TRACEBACK, GROUP.lstrip(), "C++ Traceback",
+                "Error Message Summary", "FatalError")
 GLOO = ("gloo::", "process_group_gloo", "[enforce fail at")
 GLOO_SOURCE = re.compile(r"gloo/[\w/]+\.(?:cc|h):\d+")
 # a line the rank's own log writes (`training.metrics`: `[2026-12-07 18:00:00,123] [    INFO] - ...`): what follows a
@@ -53,9 +58,6 @@ def crash_line(line: str) -> bool:
             or GLOO_SOURCE.search(line) is not None)
 
 
-# what starts a crash's account in a rank's log: an uncaught exception's traceback (an ExceptionGroup's, indented),
-# a fatal signal's stack (Python's faulthandler, on for every rank: `runtime.import_paddle`)
-TRACEBACK, GROUP = "Traceback (most recent call last):", "  + Exception Group Traceback (most recent call last):"
 FATAL = "Fatal Python error: "
 CHAINED = {"The above exception was the direct cause of the following exception:": "the direct cause",
            "During handling of the above exception, another exception occurred:": "raised while handling"}

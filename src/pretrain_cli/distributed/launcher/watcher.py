@@ -37,14 +37,10 @@ HUNG = 124  # the exit code of a job ended because a rank made no progress (as t
 LOST = 1  # ... because a rank failed elsewhere (`errors.PeerFailed`'s)
 
 
-# a survivor's reaction to a lost peer: a line of a crash (`rank_log.crash_line`), or a Python traceback (a Python
-# error raised by gloo: `RuntimeError: [/paddle/third_party/gloo/...] TIMEOUT`; after a peer's loss it is the reaction)
-ABORT = (rank_log.TRACEBACK,)
-
-
 def before_abort(out: bytes) -> bytes:
     """`out`, a survivor's output read when a peer's death or departure was seen, up to its first line of the
-    reaction to it (`ABORT`: a crash's line, or a Python traceback). Why: what
+    reaction to it (`rank_log.crash_line`: a crash's line, a Python traceback among them: a Python error raised by
+    gloo, `RuntimeError: [/paddle/third_party/gloo/...] TIMEOUT`, is the reaction after a peer's loss). Why: what
     the rank wrote before the loss (a step's line, a warning) is its own and is kept, while the reaction, which may
     already be in the pipe when the watcher looks (the peer's sockets close before its exit wakes the watcher), says
     nothing of who was lost. Anchored: a line of the rank's own that merely mentions gloo (a path `/data/gloo_corpus`,
@@ -52,7 +48,7 @@ def before_abort(out: bytes) -> bytes:
     lines = out.splitlines(keepends=True)
     for n, line in enumerate(lines):
         text = line.decode(errors="replace")
-        if text.lstrip().startswith(ABORT) or rank_log.crash_line(text):
+        if rank_log.crash_line(text):
             return b"".join(lines[:n])
     return out
 
