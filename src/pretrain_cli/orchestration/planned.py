@@ -23,7 +23,6 @@ from pretrain_cli.run_config import Target
 from pretrain_cli.run_layout import ParallelConfig
 from pretrain_cli.errors import UserError
 from pretrain_cli.orchestration import plan_options
-from pretrain_cli.orchestration.layout_refusals import LayoutRefusals
 from pretrain_cli.planning import fit as fit_search
 from pretrain_cli.planning import hardware
 from pretrain_cli.planning.fit_precision import pick_precision
@@ -65,13 +64,10 @@ def rank_groups(par: ParallelConfig) -> dict[str, list[tuple[int, ...]]]:
     return Topology.of(par).all_groups()
 
 
-def _target(device: Device, gpus: int, candidate: bool = False) -> Target:
-    return Target(device="gpu" if device.is_gpu else "cpu", world_size=gpus,
-                  gpu_name=device.entry.name if device.entry else None, planned=True, candidate=candidate)
-
-
 def _resolved(args: Arguments, model_cfg, device: Device, gpus: int, candidate: bool = False):
-    return resolve_rules.resolve(args, model_cfg, _target(device, gpus, candidate))
+    target = Target(device="gpu" if device.is_gpu else "cpu", world_size=gpus,
+                    gpu_name=device.entry.name if device.entry else None, planned=True, candidate=candidate)
+    return resolve_rules.resolve(args, model_cfg, target)
 
 
 def plan(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | None = None,
@@ -216,23 +212,11 @@ def _replanner(args: Arguments, model_cfg, device: str, gpus: int, mfu, baseline
                node: hardware.Node = hardware.Node()):
     """`replan(change, world=gpus, layout=True)`: the plan of `args` with `change` applied, or None when `train`
     would refuse it (`config.resolve` raises); what the suggestions and the `--fit` search call for every candidate.
-    `layout=False`: without the groups of ranks (`Plan.layout` None), for a question of memory only. A layout the
-    parallel rules refused once is refused without resolving it again (`layout_refusals`: most candidates are)."""
-    try:
-        refusals = LayoutRefusals(args, model_cfg, _target(target_device(device, node, gpus), gpus, candidate=True))
-    except UserError:
-        refusals = None  # (`plan` says why, for every candidate)
-
+    `layout=False`: without the groups of ranks (`Plan.layout` None), for a question of memory only."""
     def replan(change: dict, world: int = gpus, layout: bool = True):
         try:
-            verdict = refusals.remembered(change, world) if refusals is not None else False
-            if verdict:
-                return None
-            changed = with_changes(args, change)
-            if verdict is None and refusals.probe(changed, world):
-                return None
-            return plan(changed, model_cfg, device, world, mfu, False, baseline_bytes, peak_tflops, node,
-                        candidate=True, layout=layout)
+            return plan(with_changes(args, change), model_cfg, device, world, mfu, False, baseline_bytes, peak_tflops,
+                        node, candidate=True, layout=layout)
         except UserError:
             return None
 
