@@ -8,7 +8,9 @@ killed with SIGKILL first (`distributed/launcher/tempdirs.py`);
 `job.py held OUTPUT_DIR` exits 2 with the run lock's refusal line when a live run holds OUTPUT_DIR
 (`training/run_lock.py`: a layer the launcher's own module does not reach into); `job.py output_dir FILE` prints the
 argument file's output_dir (empty when it has none or cannot be read: the ranks then name the file's problem), read
-as the run reads it (`config/parser.py`: JSON or YAML by its name)."""
+as the run reads it (`config/parser.py`: JSON or YAML by its name); `job.py restart OUTPUT_DIR FILE [ARGS...]` prints
+what a MAX_RESTART restart starts from (`distributed/launcher/rerun.py`: it said "resuming from the newest checkpoint"
+when output_dir held none)."""
 import os
 import sys
 import tempfile
@@ -38,6 +40,9 @@ def main(argv: list[str]) -> int:
         except UserError:
             pass
         return 0
+    if len(argv) >= 2 and argv[0] == "restart":
+        print(_restart(argv[1], argv[2:]))
+        return 0
     if len(argv) == 2 and argv[0] == "held":
         from pretrain_cli.training.run_lock import refusal
 
@@ -66,8 +71,30 @@ def main(argv: list[str]) -> int:
             print(line)
         return 0
     print("usage: job.py ports -- CMD... | decide DIR LAUNCHER_RC | cause DIR [LOG_DIR] | verdicts PID | held OUTPUT_DIR "
-          "| output_dir FILE", file=sys.stderr)
+          "| output_dir FILE | restart OUTPUT_DIR FILE [ARGS...]", file=sys.stderr)
     return 2
+
+
+def _restart(output_dir: str, args: list[str]) -> str:
+    """What follows "restart k of N, to": a restart runs with `--overwrite_output_dir false`, so it resumes from the
+    checkpoint resume_from_checkpoint names (the last `--resume_from_checkpoint` of `args`, else the argument file's),
+    else from output_dir's newest complete one, else starts from step 0."""
+    from pretrain_cli.distributed.launcher import rerun
+
+    named = None
+    for n, a in enumerate(args):
+        if a == "--resume_from_checkpoint" and n + 1 < len(args):
+            named = args[n + 1]
+        elif a.startswith("--resume_from_checkpoint="):
+            named = a.split("=", 1)[1]
+    if named is None and args:
+        try:
+            from pretrain_cli.config.parser import read_argument_file
+
+            named = read_argument_file(args[0]).get("resume_from_checkpoint")
+        except Exception:  # (unreadable: the ranks name the file's problem; the newest checkpoint then)
+            named = None
+    return rerun.resumes(output_dir or None, False, named or None)
 
 
 if __name__ == "__main__":

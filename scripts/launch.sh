@@ -192,6 +192,8 @@ while true; do
   fi
   attempt=$((attempt + 1))
   extra=(--overwrite_output_dir false)
-  echo "launch.sh: the job failed (exit $code); restart $attempt of $max_restart, resuming from the newest" \
-       "checkpoint" >&2
+  # (what it starts from: output_dir's newest complete checkpoint, or step 0 when it holds none)
+  from=$("$PY" "$HERE/job.py" restart "$out" "$@" 2>/dev/null || true)
+  echo "launch.sh: the job failed (exit $code); restart $attempt of $max_restart, to ${from:-resume from the newest" \
+       "complete checkpoint of output_dir, if any}" >&2
 done
