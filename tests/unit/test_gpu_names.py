@@ -15,10 +15,10 @@ DRIVER_NAMES = {
     "NVIDIA A10G": None,  # AWS's variant, its own figures
     "NVIDIA A100-SXM4-40GB": "A100-40GB",
     "NVIDIA A100-SXM4-80GB": "A100-80GB",
-    "NVIDIA A100-PCIE-40GB": "A100-40GB",  # the datasheet's PCIe peaks and memory are the SXM4's
-    "NVIDIA A100 80GB PCIe": "A100-80GB",
+    "NVIDIA A100-PCIE-40GB": "A100-40GB-PCIe",  # the datasheet's PCIe peaks and memory are the SXM4's; no NVSwitch
+    "NVIDIA A100 80GB PCIe": "A100-80GB-PCIe",
     "NVIDIA A800-SXM4-80GB": "A800-80GB",
-    "NVIDIA A800 80GB PCIe": "A800-80GB",
+    "NVIDIA A800 80GB PCIe": "A800-80GB-PCIe",
     "NVIDIA A800-SXM4-40GB": None,  # the table has no 40 GB A800
     "NVIDIA L4": "L4",
     "NVIDIA L40": None,  # not the L4 (24 GB, 121 TFLOPS)
@@ -64,3 +64,44 @@ def test_an_unmatched_driver_name_gets_no_mfu():
     assert peak is None and why == "NVIDIA L40 has no table entry"
     peak, why = hardware.resolve_peak(hardware.lookup("NVIDIA H100 80GB HBM3"), "NVIDIA H100 80GB HBM3", "bfloat16")
     assert peak == 989.0 and "H100-SXM dense bf16" in why
+
+
+@pytest.mark.parametrize("name, entry", [("a100-80g", "A100-80GB"), ("A100-40G", "A100-40GB"), ("v100-16g", "V100-16GB"),
+                                         ("h100sxm", "H100-SXM"), ("a800-80g", "A800-80GB"), ("a100 80", "A100-80GB"),
+                                         ("h100pcie", "H100-PCIe"), ("A100 40GB SXM4", "A100-40GB"),
+                                         ("a100pcie 40g", "A100-40GB-PCIe"), ("A100-80GB-PCIe", "A100-80GB-PCIe")])
+def test_informal_spellings_reach_their_entry(name, entry):
+    """A memory size typed with G, GB or no unit, a form factor glued to the model: one entry, so that one."""
+    assert hardware.lookup(name).name == entry
+
+
+@pytest.mark.parametrize("name", ["a100 81", "a100-81g", "v100 pcie", "h100nvl", "a10g"])
+def test_a_spelling_of_no_entry_stays_refused(name):
+    assert hardware.lookup(name) is None
+
+
+def test_a_pcie_card_of_an_nvlink_entry_is_planned_over_pcie():
+    """The A100/A800 PCIe cards' NVLink is a bridge between two cards, not the SXM4 board's link to all eight: the
+    planner's in-node link is PCIe 4.0 x16, with the SXM4 entry's peak, memory and capability."""
+    sxm, pcie = hardware.lookup("NVIDIA A100-SXM4-80GB"), hardware.lookup("NVIDIA A100 80GB PCIe")
+    assert hardware.links(sxm).in_node_gbps == 300.0 and hardware.links(pcie).in_node_gbps == 31.5
+    assert hardware.links(pcie).source == "A100-80GB-PCIe PCIe 4.0 x16, one way"
+    assert (pcie.memory_gib, pcie.bf16_tflops, pcie.capability) == (sxm.memory_gib, sxm.bf16_tflops, sxm.capability)
+    assert hardware.lookup(pcie.name) == pcie  # the name `train`'s out-of-memory line gives `plan --device`
+
+
+def test_plan_suggests_no_listed_card_of_the_family_a_name_has_no_entry_in():
+    """`plan --device "H100 NVL"` once asked "did you mean H100?", the SXM card whose figures the NVL's are not."""
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.planning.plan import target_device
+
+    listed = ", ".join(d.name for d in hardware.DEVICES.values())
+    for name, kin in (("H100 NVL", "H100-SXM and H100-PCIe are other cards"), ("GH200", "H200 is another card"),
+                      ("NVIDIA L40", "L4 is another card")):
+        with pytest.raises(UserError) as e:
+            target_device(name)
+        assert str(e.value) == (f"--device: {name!r} has no table entry ({kin}, with other figures); plan it as a "
+                                f"listed device with no more memory than it has, and its dense peak as --peak_tflops "
+                                f"N; listed: {listed} or cpu")
+    with pytest.raises(UserError, match=r"unknown device 'H10' \(did you mean H100, H20 or A10\?\); use one of "):
+        target_device("H10")

@@ -70,8 +70,10 @@ ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "v100": "v100-32gb", "a800":
            "16gb": "v100-16gb", "3090": "rtx3090", "4090": "rtx4090"}
 # The form factors each entry's figures are the datasheet's for, as driver names spell them ("NVIDIA A100 80GB PCIe",
 # "NVIDIA H100 80GB HBM3": the SXM5 card). The A100/A800 datasheets give the PCIe cards the SXM4 ones' peaks and
-# memory; a V100 PCIe (112 fp16 TFLOPS), an H800 PCIe, an H100 NVL or an H200 NVL has its own figures, not in the
-# table: a name with a form factor its entry lacks (or any other word) matches nothing.
+# memory, but their NVLink is a bridge between two cards, not the SXM4 board's NVSwitch to all eight: `lookup` gives a
+# PCIe card its entry with no NVLink (A100-80GB-PCIe), so `links` plans its node's GPUs over PCIe 4.0 x16. A V100
+# PCIe (112 fp16 TFLOPS), an H800 PCIe, an H100 NVL or an H200 NVL has its own figures, not in the table: a name with
+# a form factor its entry lacks (or any other word) matches nothing.
 FORMS = {"V100-16GB": {"sxm", "sxm2"}, "V100-32GB": {"sxm", "sxm2"}, "A100-40GB": {"sxm", "sxm4", "pcie"},
          "A100-80GB": {"sxm", "sxm4", "pcie"}, "A800-80GB": {"sxm", "sxm4", "pcie"},
          "H100-SXM": {"sxm", "sxm5", "hbm3"}, "H100-PCIe": {"pcie"}, "H800": {"sxm", "sxm5", "hbm3"},
@@ -79,11 +81,16 @@ FORMS = {"V100-16GB": {"sxm", "sxm2"}, "V100-32GB": {"sxm", "sxm2"}, "A100-40GB"
 _MAKERS = {"nvidia", "tesla", "geforce"}  # words of a driver's name that name no device
 
 
+_MEMORY = re.compile(r"(\d+)(?:gb|g|gib)?")  # a memory size word: "80GB", informally "80G" or "80"
+_GLUED = re.compile(r"(.+?)(sxm\d?|pcie)")  # a form factor glued to the model: "h100sxm", "a100pcie"
+
+
 def lookup(name: str) -> Device | None:
     """The table entry of a user-given or driver-reported name ("NVIDIA A100-SXM4-80GB"), or None. A driver name is
     matched word by word: its model (an entry's first word: "L40" is not "L4", "GH200" not "H200"), then each other
-    word a memory size the entry has or a form factor it covers (`FORMS`). Without a memory size, the model's
-    `ALIASES` entry where it has several."""
+    word a memory size the entry has ("80GB", typed also "80G" or "80") or a form factor it covers (`FORMS`, typed
+    also glued to the model: "h100sxm"). Without a memory size, the model's `ALIASES` entry where it has several. A
+    PCIe card of an entry with NVLink is that entry without it (`FORMS`' comment)."""
     key = name.lower().replace("nvidia", "").replace("tesla", "").strip().replace(" ", "-")
     if key in DEVICES:
         return DEVICES[key]
@@ -95,16 +102,33 @@ def lookup(name: str) -> Device | None:
     if not words:
         return None
     model, rest = words[0], words[1:]
+    glued = _GLUED.fullmatch(model)
+    if glued and not any(k.split("-")[0] == model for k in DEVICES):
+        model, rest = glued[1], [glued[2], *rest]
     options = [d for k, d in DEVICES.items() if k.split("-")[0] == model]
     for word in rest:
-        if re.fullmatch(r"\d+gb", word):
-            options = [d for d in options if f"{d.memory_gib:g}gb" == word]
-        else:
-            options = [d for d in options if word in FORMS.get(d.name, ())]
+        size = _MEMORY.fullmatch(word)
+        options = [d for d in options if (f"{d.memory_gib:g}" == size[1] if size else word in FORMS.get(d.name, ()))]
     if len(options) > 1:
         default = DEVICES.get(ALIASES.get(model, ""))
-        return default if default in options else None
-    return options[0] if options else None
+        options = [default] if default in options else []
+    if not options:
+        return None
+    if "pcie" in rest and options[0].nvlink_gbps:
+        return replace(options[0], name=f"{options[0].name}-PCIe", nvlink_gbps=None)
+    return options[0]
+
+
+def family_entries(name: str) -> list[Device]:
+    """The table's entries of a model `name` spells out (an entry's first word, or an alias of it; the longest where
+    one holds another), for a `name` that `lookup` finds no entry for: "H100 NVL" the H100s, "GH200" the H200 (not
+    the H20), "L40" the L4, "A10G" the A10. Each is another card, with other figures: no name to suggest for it."""
+    compact = re.sub(r"[\s_-]+", "", name.lower())
+    family = {d.name.split("-")[0].lower(): d.name.split("-")[0].lower() for d in DEVICES.values()}
+    family |= {a: k.split("-")[0] for a, k in ALIASES.items() if not a.endswith("gb")}  # ("16gb": a size)
+    found = [w for w in family if w in compact]
+    models = {family[w] for w in found if not any(w != v and w in v for v in found)}
+    return [d for k, d in DEVICES.items() if k.split("-")[0] in models]
 
 
 @dataclass(frozen=True)

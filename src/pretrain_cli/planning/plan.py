@@ -62,6 +62,12 @@ def target_device(name: str, node: hardware.Node = hardware.Node(), gpus: int = 
         sharing = max(min(gpus, node.gpus), 1)
         return Device(None, hardware.cpu_memory_gib() / sharing, node, sharing)
     dev = hardware.lookup(name)
+    listed = f"{', '.join(d.name for d in hardware.DEVICES.values())} or cpu"
+    if dev is None and (kin := [d.name for d in hardware.family_entries(name)]):  # "H100 NVL": not an H100 listed
+        raise UserError(f"--device: {name!r} has no table entry ({' and '.join(kin)} "
+                        f"{'are other cards' if kin[1:] else 'is another card'}, with other figures); plan it as a "
+                        f"listed device with no more memory than it has, and its dense peak as --peak_tflops N; "
+                        f"listed: {listed}")
     if dev is None:  # a typo ("H10") is answered with the nearest names, before the whole list
         import difflib
 
@@ -69,8 +75,7 @@ def target_device(name: str, node: hardware.Node = hardware.Node(), gpus: int = 
                  **{d.name.lower(): d.name for d in hardware.DEVICES.values()}}
         near = [names[k] for k in difflib.get_close_matches(name.lower(), list(names), 3, 0.6)]
         guess = f" (did you mean {', '.join(near[:-1]) + ' or ' if near[1:] else ''}{near[-1]}?)" if near else ""
-        raise UserError(f"--device: unknown device {name!r}{guess}; use one of "
-                        f"{', '.join(d.name for d in hardware.DEVICES.values())} or cpu")
+        raise UserError(f"--device: unknown device {name!r}{guess}; use one of {listed}")
     return Device(dev, float(dev.memory_gib), node)
 
 
