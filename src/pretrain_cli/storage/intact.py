@@ -3,8 +3,8 @@
 A directory named `checkpoint-N` is complete when it is published (`atomic.publish_dir`), but files can be
 lost or damaged afterwards (a disk error, a user, a copy cut short). `problem()` checks what a resume reads:
 
-- `trainer_state.json`: present, a JSON object with an integer `global_step` and `consumed_samples`
-  (`checkpoint_dir.read_state`, also what the resume itself reads);
+- `trainer_state.json`: present, a JSON object with an integer `global_step` and `consumed_samples`, and fp16's
+  `loss_scaler` loadable where there is one (`checkpoint_dir.read_state`, also what the resume itself reads);
 - `config.json`: present and a JSON object, as every other JSON file it holds (`args.json`, transformers'
   `model.safetensors.index.json`, the tokenizer's files);
 - `checkpoint.index.json`: present and readable whenever the directory holds per-rank files
