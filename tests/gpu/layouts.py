@@ -44,8 +44,10 @@ LAYOUTS = {
 }
 
 # bf16 O2 under TP + ZeRO-3, PaddleNLP's fp16 O2 + stage2 (the loss scaler wrapped by dist.shard_scaler), bf16 under
-# context parallelism (flash attention's per-block output and log-sum-exp, `kernels.attention_block`), and fp16's loss
-# scaler with fleet's hybrid optimizer (ZeRO-1; a pipeline's ZeRO-2): gradients reduced once (issue #60)
+# context parallelism (flash attention's per-block output and log-sum-exp, `kernels.attention_block`), fp16's loss
+# scaler with fleet's hybrid optimizer (ZeRO-1; a pipeline's ZeRO-2): gradients reduced once (issue #60), and bf16 O2
+# with amp_master_grad on the semi-auto ZeRO-2/3 (fp32 gradients in `main_grad`, accumulated over 2 micro-batches,
+# clipped at max_grad_norm; `strategy.step_grad`)
 HALF = {
     "bf16_tp2_stage3": (2, {"bf16": True, "fp16_opt_level": "O2", "tensor_parallel_degree": 2, "sharding": "stage3",
                             "per_device_train_batch_size": 8}),
@@ -54,6 +56,9 @@ HALF = {
     "fp16_stage1": (2, {"fp16": True, "fp16_opt_level": "O2", "sharding": "stage1"}),
     "fp16_pp2_stage2": (4, {"fp16": True, "fp16_opt_level": "O2", "pipeline_parallel_degree": 2,
                             "gradient_accumulation_steps": 2, "per_device_train_batch_size": 2, "sharding": "stage2"}),
+    **{f"bf16_o2_master_grad_stage{n}": (2, {"bf16": True, "fp16_opt_level": "O2", "amp_master_grad": True,
+                                            "sharding": f"stage{n}", "gradient_accumulation_steps": 2,
+                                            "per_device_train_batch_size": 2}) for n in (2, 3)},
 }
 
 

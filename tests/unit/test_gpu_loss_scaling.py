@@ -30,7 +30,13 @@ class _Tiny(paddle.nn.Layer):
 
 def _layout(monkeypatch, strategy_cls, scale=1024.0, plain=False, **attrs):
     """A one-process `Step` over `strategy_cls` whose optimizer is fleet's hybrid optimizer (over the sharding
-    stand-in; `plain`: Paddle's AdamW itself), with an fp16 loss scaler enabled on the CPU."""
+    stand-in; `plain`: Paddle's AdamW itself), with an fp16 loss scaler enabled on the CPU and wrapped by the
+    strategy as `training.run.lay_out` wraps it. fleet's layouts get `fleet.distributed_scaler` itself (its
+    hybrid group stood in for, in sharding mode): its `_unscale` reads fleet's strategy and all-reduces over the
+    world, neither of which is there, so a step that called it would fail."""
+    from paddle.distributed import fleet
+    from paddle.distributed.fleet.base.topology import ParallelMode
+
     from pretrain_cli.ops.kernels import StepKernels
     from pretrain_cli.run_config import Precision
     from pretrain_cli.run_layout import ParallelConfig
@@ -49,6 +55,9 @@ def _layout(monkeypatch, strategy_cls, scale=1024.0, plain=False, **attrs):
         setattr(strategy, key, val)
     with emu.scaler_enabled_on_cpu():
         model, hpo, amp = build_amp(model, hpo, Precision("float16", "O1", loss_scale=scale))
+    monkeypatch.setattr(fleet.fleet, "_hcg", SimpleNamespace(get_parallel_mode=lambda: ParallelMode.SHARDING_PARALLEL),
+                        raising=False)
+    amp.wrap_scaler(strategy)
     assert amp.scaler.is_enable()
     return Layout(model, hpo, amp, strategy, model), hpo
 

@@ -69,13 +69,16 @@ def _layout(stage: int, precision, master_grad: bool, amp_state):
     return Layout(model, optimizer, amp, strategy, model)
 
 
-def _step(layout, batch: dict, max_grad_norm: float = 0.0, guard=None):
+def _step(layout, batch, max_grad_norm: float = 0.0, guard=None):
+    """One `Step` on `batch` (a list: its micro-batches, accumulated)."""
     from pretrain_cli.run_config import MoeConfig, Schedule
     from pretrain_cli.training.step import Step
 
-    run = SimpleNamespace(loop=SimpleNamespace(grad_accum=1), schedule=Schedule("constant", 0.1, 0.1, 0, 10),
+    batches = batch if isinstance(batch, list) else [batch]
+    run = SimpleNamespace(loop=SimpleNamespace(grad_accum=len(batches)),
+                          schedule=Schedule("constant", 0.1, 0.1, 0, 10),
                           optimizer=SimpleNamespace(max_grad_norm=max_grad_norm), moe=MoeConfig())
-    return Step(run, comm=None, guard=guard)(layout, iter([batch]), SimpleNamespace(global_step=0, spike_stats=None))
+    return Step(run, comm=None, guard=guard)(layout, iter(batches), SimpleNamespace(global_step=0, spike_stats=None))
 
 
 def _weights(model) -> list:
@@ -155,19 +158,8 @@ def test_after_a_skipped_step_under_master_grad_the_next_step_uses_its_own_gradi
     must not add to the skipped step's gradients."""
     from pretrain_cli.run_config import Precision
 
-    class SpikeOnce:
-        def __init__(self):
-            self.calls = 0
-
-        def check(self, stats, loss, norm):
-            self.calls += 1
-            return "spike" if self.calls == 1 else None
-
-        def accept(self, stats, loss, norm):
-            pass
-
     layout = _layout(2, Precision("bfloat16", "O2", master_grad=True), True, amp_state)
-    guard = SpikeOnce()
+    guard = _Verdicts("loss spike", None)
     before = _weights(layout.model)
     assert _step(layout, _batch(1), guard=guard).outcome == "spike"
     batch = _batch(2)
@@ -176,6 +168,70 @@ def test_after_a_skipped_step_under_master_grad_the_next_step_uses_its_own_gradi
     expected, norm = _reference(before, batch)
     assert result.grad_norm == pytest.approx(norm, rel=1e-5)
     _assert_weights(layout.model, expected)
+
+
+class _Verdicts:
+    """The spike guard, its verdicts given in order ("loss spike" withholds a step; None accepts it)."""
+
+    def __init__(self, *verdicts):
+        self.verdicts = list(verdicts)
+
+    def check(self, stats, loss, norm):
+        return self.verdicts.pop(0)
+
+    def accept(self, stats, loss, norm):
+        pass
+
+
+CLIP = 0.05  # below the clipped step's gradient norm (asserted)
+# (micro-batch seeds, what the step is, its max_grad_norm): a withheld step of 2 micro-batches, a clipped one, 3
+# micro-batches, a NaN loss, a withheld step whose end leaves the gradients (as `clear_grad` alone leaves a
+# `main_grad`), a step
+SEQUENCE = (((1, 2), "spike", 0.0), ((3, 4), "clipped", CLIP), ((5, 6, 7), "applied", 0.0), ((8,), "nan", 0.0),
+            ((9, 10), "left", 0.0), ((11,), "applied", 0.0))
+
+
+def _trace(stage: int, master: bool, amp_state, monkeypatch) -> list:
+    """(outcome, gradient norm, weights after) of each step of `SEQUENCE` on ZeRO-`stage` in bf16 O2, with or
+    without `amp_master_grad`; checks that every step the sequence skips leaves the weights and no `main_grad`."""
+    from pretrain_cli.run_config import Precision
+
+    layout = _layout(stage, Precision("bfloat16", "O2", master_grad=master), master, amp_state)
+    params, guard, out = list(layout.model.parameters()), _Verdicts("loss spike", None, None, "loss spike", None), []
+    assert all(hasattr(p, "main_grad") == master for p in params), "ZeRO's master-gradient hook: not as asked"
+    for seeds, kind, clip in SEQUENCE:
+        before = _weights(layout.model)
+        layout.model.gain = float("nan") if kind == "nan" else 1.0
+        with monkeypatch.context() as m:
+            if kind == "left":  # the step's end without the semi-auto engine's own part
+                m.setattr(layout.strategy, "drop_grads", lambda model, optimizer: optimizer.clear_grad())
+            result = _step(layout, [_batch(s) for s in seeds], max_grad_norm=clip, guard=guard)
+        out.append((result.outcome, result.grad_norm, _weights(layout.model)))
+        if kind == "clipped":
+            assert result.grad_norm > CLIP, "the clip did not apply: nothing tested"
+        if kind in ("spike", "nan", "left"):
+            assert result.outcome == ("non_finite" if kind == "nan" else "spike")
+            for got, want in zip(out[-1][2], before):
+                np.testing.assert_array_equal(got, want)
+            left = [p.name for p in params if getattr(p, "main_grad", None) is not None]
+            assert left == ([] if kind != "left" or not master else [p.name for p in params]), left
+    return out
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_master_grad_steps_as_plain_gradients_do_across_accumulation_skips_and_a_clip(stage, amp_state, monkeypatch):
+    """ZeRO-2/3 under `amp_master_grad` (gradients accumulated in fp32 `main_grad`, which only an update drops)
+    against the same stage's plain gradients, step by step: 2 micro-batches withheld for a spike, 2 clipped, 3, a NaN
+    loss, a withheld step whose `main_grad` is left, then a step. A skipped step's end drops its `main_grad`
+    (`SemiAuto.drop_grads`: none held through a save or an evaluation), and a step starts without one
+    (`SemiAuto.forward_backward`: the last step here adds to the left one without it)."""
+    master, plain = (_trace(stage, m, amp_state, monkeypatch) for m in (True, False))
+    assert [o for o, _, _ in master] == [o for o, _, _ in plain] == [
+        "spike", "applied", "applied", "non_finite", "spike", "applied"]
+    for (_, norm_m, weights_m), (_, norm_p, weights_p) in zip(master, plain):
+        np.testing.assert_allclose(norm_m, norm_p, rtol=1e-6)  # (NaN at the NaN loss: NaN equals NaN here)
+        for got, want in zip(weights_m, weights_p):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
 def test_fleet_layouts_unscale_through_the_class_so_the_step_divides_once(monkeypatch, amp_state):

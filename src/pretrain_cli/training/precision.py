@@ -82,7 +82,7 @@ class Amp(Fp32):
         self.precision, self.scaler = precision, scaler
         self.loss_scaling = scaler is not None
         self._view = None
-        self._unscale = None  # the layout's `Strategy.unscale` (`wrap_scaler`); None: the scaler's `unscale_`
+        self._unscale = None  # the layout's `Strategy.unscale`, set by `wrap_scaler` before any step
 
     def view(self, optimizer) -> ScalerView:
         if self._view is None or self._view.optimizer is not optimizer:  # a rollback builds a new optimizer
@@ -102,11 +102,7 @@ class Amp(Fp32):
 
     def unscale(self, optimizer) -> None:
         if self.scaler:
-            view = self.view(optimizer)
-            if self._unscale is not None:
-                self._unscale(self.scaler, view)
-            else:
-                self.scaler.unscale_(view)
+            self._unscale(self.scaler, self.view(optimizer))
 
     def overflowed(self, loss: float, norm: float) -> bool:
         import math

@@ -115,18 +115,18 @@ class Step:
             # fp16 overflow, routine with a large scale: the scaler skips this update and lowers the scale
             # (PaddleNLP counts the step too); only a non-finite loss is a NaN for nan_policy
             layout.amp.step(layout.optimizer, layout.strategy.step, overflow=True)
-            layout.optimizer.clear_grad()
+            layout.strategy.drop_grads(layout.model, layout.optimizer)
             log.warning(f"step {state.global_step + 1}: fp16 overflow, update skipped by the loss scaler")
             return StepResult(loss_v, norm_v, "overflow")
         if not (math.isfinite(agreed) and math.isfinite(norm_v)):
-            layout.optimizer.clear_grad()
+            layout.strategy.drop_grads(layout.model, layout.optimizer)
             layout.amp.skip(layout.optimizer, overflow=not math.isfinite(norm_v))
             return StepResult(loss_v if math.isfinite(agreed) else summed, norm_v, "non_finite")
         if self.guard is not None:
             global_loss = agreed / getattr(self.comm, "world", 1)  # the ranks' mean: the same verdict on every rank
             reason = self.guard.check(state.spike_stats, global_loss, norm_v)
             if reason is not None:
-                layout.optimizer.clear_grad()
+                layout.strategy.drop_grads(layout.model, layout.optimizer)
                 layout.amp.skip(layout.optimizer)
                 return StepResult(loss_v, norm_v, "spike", reason)
             self.guard.accept(state.spike_stats, global_loss, norm_v)
@@ -137,5 +137,5 @@ class Step:
             reduce = layout.raw_model.kernels.reduce_counts  # the data ranks' counts summed (None: one process)
             update_expert_bias(layout.raw_model, self.bias_update_rate, *([reduce] if reduce else []))
         layout.amp.step(layout.optimizer, layout.strategy.step)
-        layout.optimizer.clear_grad()
+        layout.strategy.drop_grads(layout.model, layout.optimizer)
         return StepResult(loss_v, norm_v, "applied")

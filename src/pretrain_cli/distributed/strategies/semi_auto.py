@@ -107,25 +107,31 @@ class SemiAuto(Strategy):
     def unscale(self, scaler, optimizer) -> None:
         """The wrapper's own `_unscale` (`dist.shard_scaler`: `check_finite_and_unscale_` on DistTensors; it marks the
         optimizer unscaled as `unscale_` does), not `unscale_`, which runs the class's legacy op on them and fails
-        (`Unrecognized egr::EagerVariable type`). It divides what `grad` holds; under `amp_master_grad` ZeRO-2/3's
-        hook has moved each gradient into `main_grad` (`step_grad`), divided here by the same op."""
+        (`Unrecognized egr::EagerVariable type`). The wrapper divides only a `grad` that holds memory; the step's
+        other gradients (`step_grad`: under `amp_master_grad` ZeRO-2/3's hook has moved each into `main_grad` and
+        cleared `grad`) are divided here by the same op."""
         import paddle
 
         scaler._unscale(optimizer)
-        mains = [p.main_grad for p in optimizer._parameter_list if getattr(p, "main_grad", None) is not None]
-        if mains and scaler.is_enable():
+        rest = [g for p in optimizer._parameter_list if not _holds(p.grad) and _holds(g := step_grad(p))]
+        if rest and scaler.is_enable():
             scale = scaler._scale._local_value() if scaler._scale.is_dist() else scaler._scale
-            paddle._C_ops.check_finite_and_unscale_(mains, scale)  # (its flag unused: the step's verdict decides)
+            paddle._C_ops.check_finite_and_unscale_(rest, scale)  # (its flag unused: the step's verdict decides)
 
     # ------------------------------------------------------------------ a step
     def forward_backward(self, model, batches: list, amp, forward_loss):
         """A step's backward starts from no gradient: under `amp_master_grad` ZeRO-2/3 accumulates into
-        `main_grad`, which only an update clears (`_ShardOptimizer._finish_update`), not the optimizer's
-        `clear_grad`: after a skipped step (non-finite, a spike) the next backward would add to its gradients."""
-        for p in model.parameters():
-            if getattr(p, "main_grad", None) is not None:
-                p.main_grad = None
+        `main_grad`, which the optimizer's `clear_grad` leaves. The step's end drops it on every path
+        (`drop_grads`); dropped here too, a step never adds to gradients it did not make, whatever ended the last."""
+        _drop_main_grads(model)
         return super().forward_backward(model, batches, amp, forward_loss)
+
+    def drop_grads(self, model, optimizer) -> None:
+        """Also ZeRO-2/3's `main_grad`s under `amp_master_grad`, which only an update drops
+        (`_ShardOptimizer._finish_update`): a skipped step's (non-finite, a spike) would hold their fp32 memory
+        through a save or an evaluation until the next step."""
+        super().drop_grads(model, optimizer)
+        _drop_main_grads(model)
 
     def shard_batch(self, tensor):
         """This rank's rows as its piece of the global batch: `Shard(0)` on "dp", the same rows on every "mp" rank."""
@@ -161,3 +167,13 @@ class SemiAuto(Strategy):
         # replicated, the local value is the whole; in the global shape (a 0-d loss's can come as [1]: DeepSeek-V2's)
         return tensor._local_value().reshape(tensor.shape)
 
+
+def _holds(tensor) -> bool:
+    """Whether a gradient holds memory: ZeRO-2/3's master-gradient hook frees `grad`'s memory, not the tensor."""
+    return tensor is not None and tensor._is_initialized()
+
+
+def _drop_main_grads(model) -> None:
+    for p in model.parameters():
+        if hasattr(p, "main_grad"):  # (set by ZeRO-2/3's hook registration under `amp_master_grad`)
+            p.main_grad = None

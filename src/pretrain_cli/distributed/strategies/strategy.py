@@ -2,8 +2,9 @@
 
 Model code is single-device; parallelism is applied here from outside, like torchtitan's
 `parallelize_fn` or nanoGPT's `DDP(model)`. The trainer and the checkpoint code call the same
-methods whatever the layout, in this order: `place` (before the optimizer exists), `wrap`, then per
-step `forward_backward` (`shard_batch`, `no_sync`), `sync_grads`, `grad_norm`, `clip`, `step`, and for checkpoints
+methods whatever the layout, in this order: `place` (before the optimizer exists), `wrap`, `wrap_scaler` (fp16's loss
+scaler), then per step `forward_backward` (`shard_batch`, `no_sync`), `sync_grads`, `unscale` (fp16), `grad_norm`,
+`clip`, `step`, `drop_grads` (applied or skipped), and for checkpoints
 `pieces` (what this rank writes: the blocks of weights and optimizer state it holds, `distributed.layout.pieces`)
 and `local_box` (what it reads back: where each of its tensors sits in the global one). Nothing is gathered.
 
@@ -164,6 +165,11 @@ class Strategy:
             return
         optimizer.step(grad_scale=self._clip_coef)
         self._clip_coef = 1.0
+
+    def drop_grads(self, model, optimizer) -> None:
+        """The step's gradients cleared at its end, applied or skipped (`training.step.Step`), so the next step's
+        backward adds to none of them. The semi-auto engine also drops the `main_grad`s `clear_grad` leaves."""
+        optimizer.clear_grad()
 
     def to_host(self, tensor):
         """A scalar the step computed, as a dense tensor whose value is the global one."""
