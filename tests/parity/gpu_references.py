@@ -23,12 +23,17 @@ so each is replaced by a reference written from Paddle's documented semantics (t
 - `swiglu(x, y=None)`: silu(x) * y; with y None, x's last axis is split in halves [gate | up].
 
 Each reference refuses what its GPU kernel refuses (ValueError, as Paddle raises an InvalidArgument), so a call that
-would fail on a GPU fails here too: `fused_rms_norm` reads the weight, bias and residual as x's type
-(paddle/phi/kernels/gpu/rms_norm_kernel.cu, `RmsNormKernel`: `norm_weight.data<T>()` with T x's type; read at
-PaddlePaddle/Paddle 02a5e4e0), so an fp32 weight beside a half x is refused, not cast; the fused RoPE kernel
-(paddle/phi/kernels/fusion/gpu/fused_rope_kernel.cu, `FusedRopeKernel`, read at 02ecffcb) wants sin and cos of one
-shape, 2-D or `[1, seq, 1, head_dim]`, of q's head_dim and q's type (`sin.data<T>()`), a table exactly as long as
-q's sequence without `position_ids` and at least as long with them, and k, v of q's type.
+would fail on a GPU fails here too: `fused_rms_norm` reads the weight, bias and residual as x's type, so an fp32
+weight beside a half x is refused, not cast. The 3.3.1 wheel's `fused_rms_norm` calls `_C_ops.fused_rms_norm_quant`
+(incubate/nn/functional/fused_rms_norm.py), whose kernel its include/paddle/phi/kernels/rms_norm_kernel.h declares as
+`RmsNormQuantKernel<T>`, one T for x, weight, bias and residual (the header's `RmsNormWrapper` and
+`ResidualAddRmsNormWrapper` take them all as `const T*`). Its body, read in paddle/phi/kernels/gpu/rms_norm_kernel.cu
+at PaddlePaddle/Paddle 02a5e4e0 (the same signature, then named `RmsNormKernel` and registered as `rms_norm`; no later
+source was at hand), reads them by `norm_weight.data<T>()`, `residual.get().data<T>()`, `bias.get().data<T>()`, T
+x's type. The fused RoPE kernel (paddle/phi/kernels/fusion/gpu/fused_rope_kernel.cu, `FusedRopeKernel`, read at
+02ecffcb) wants sin and cos of one shape, 2-D or `[1, seq, 1, head_dim]`, of q's head_dim and q's type
+(`sin.data<T>()`), a table exactly as long as q's sequence without `position_ids` and at least as long with them,
+and k, v of q's type.
 
 `_t` makes the float32 array the tests give these references a tensor of the dtype asked.
 """
@@ -100,7 +105,8 @@ def _check_rope(q, k, v, sin, cos, position_ids):
     if sin.shape != cos.shape:
         raise ValueError(f"fused_rope: the dims of sin and cos must be the same: {sin.shape} and {cos.shape}")
     if not (sin.ndim == 2 or (sin.ndim == 4 and sin.shape[0] == 1 and sin.shape[2] == 1)):
-        raise ValueError(f"fused_rope: sin and cos must be [seq_len, head_dim] or [1, seq_len, 1, head_dim]: {sin.shape}")
+        raise ValueError(f"fused_rope: sin and cos must be [seq_len, head_dim] or [1, seq_len, 1, head_dim]: "
+                         f"{sin.shape}")
     rows = sin.shape[1 if sin.ndim == 4 else 0]
     if sin.shape[-1] != head_dim or (rows < seq if position_ids is not None else rows != seq):
         need = "at least" if position_ids is not None else "exactly"
