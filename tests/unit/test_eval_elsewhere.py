@@ -186,9 +186,9 @@ def test_a_recorded_data_folder_here_with_other_files_beside_the_runs_token_file
 def test_our_checkpoint_without_its_index_is_said_so_by_eval(trained, capsys, tmp_path):
     """R11: eval of a checkpoint-N of ours that lost checkpoint.index.json said "transformers' shards, without their
     model.safetensors.index.json ... download or export it again" of 2 ranks' files (`test_model_files`), and read
-    one process's model.safetensors, whose header records pieces, without a word. Now 2 ranks' get
-    `storage.intact`'s line (`test_eval_lost_index`), and one process's, whole in that file, is read with one note
-    naming the missing index."""
+    one process's model.safetensors, whose header records pieces, without a word. Now ranks' pieces only the index
+    placed get `storage.intact`'s line (`test_eval_lost_index`), and one process's, whole in that file, is read with
+    one note naming the missing index."""
     started, other, out = trained
     ckpt = tmp_path / "checkpoint-2"
     shutil.copytree(out / "checkpoint-2", ckpt)

@@ -43,14 +43,15 @@ def find_weights(src_dir, use: str = "inference") -> list[str]:
     index is refused naming both, not read as transformers reads it (model.safetensors first): our writer never
     leaves both (`convert.write_hf_dir` removes a model's files first), so both are two models mixed (a sharded one
     copied over a single-file one: cp and rsync remove nothing), and which is this one the files cannot tell. One of our
-    checkpoints without its checkpoint.index.json (`_ours_unindexed`) gets `storage.intact`'s line, as `export`
-    does, ended as `advice_for` says for `use`; for inference one process's whose model.safetensors records each
-    tensor whole is read from that file instead (`_read_without_index`; `lost_index_note` says so). UserError
+    checkpoints without its checkpoint.index.json (`_ours_unindexed`) gets `storage.intact`'s line, ended as
+    `advice_for` says for `use`, unless its weights are whole without it (`storage.intact.weights_without_index`,
+    the one judge for every `use`: one process's model.safetensors, or the shards transformers' index lists of a
+    run whose ranks held whole tensors), then read as any model directory's (`lost_index_note` says so). UserError
     naming the directory if there are none."""
     from pretrain_cli.storage.checkpoint_index import INDEX as CHECKPOINT_INDEX
 
     src_dir = str(src_dir)
-    if _ours_unindexed(src_dir) and not (use == "inference" and _read_without_index(src_dir)):
+    if _ours_unindexed(src_dir) and _read_without_index(src_dir) is None:
         from pretrain_cli.storage import intact
         from pretrain_cli.storage.shard_files import advice_for
 
@@ -111,23 +112,29 @@ def _ours_unindexed(src_dir: str) -> bool:
     return bool(ours) and intact.paddlenlp_checkpoint(path) is None
 
 
-def _read_without_index(src_dir: str) -> bool:
-    """Whether one of our checkpoints without its checkpoint.index.json is read for inference all the same, from its
-    model.safetensors (`storage.intact.whole_without_index`: one process wrote it, each tensor whole)."""
+def _read_without_index(src_dir: str) -> list | None:
+    """The weight files one of our checkpoints without its checkpoint.index.json is read from all the same
+    (`storage.intact.weights_without_index`: each tensor whole in them), or None."""
     from pretrain_cli.storage import intact
 
-    return _ours_unindexed(src_dir) and intact.whole_without_index(src_dir)
+    return intact.weights_without_index(src_dir) if _ours_unindexed(src_dir) else None
 
 
-def lost_index_note(src_dir) -> str | None:
-    """The one note of a checkpoint `find_weights` reads for inference without its checkpoint.index.json, or None."""
+def lost_index_note(src_dir, lead: str = "note: ") -> str | None:
+    """The one note of a checkpoint `find_weights` reads without its checkpoint.index.json (said once by each
+    command that reads it: `eval`, `generate`, `export`, and a run that continues from it, whose notes start with
+    `lead`), or None."""
+    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
     from pretrain_cli.storage.checkpoint_index import INDEX as CHECKPOINT_INDEX
 
-    if not _read_without_index(str(src_dir)):
+    files = _read_without_index(str(src_dir))
+    if files is None:
         return None
-    return (f"note: {os.path.join(str(src_dir), CHECKPOINT_INDEX)} is missing: the weights are read from its "
-            f"{SINGLE_FILE}, whole as its one process wrote them, without the checksums the index kept; a resume "
-            f"does not take this checkpoint")
+    world = CheckpointDir(src_dir).run("parallel", "world_size")
+    read = (f"its {SINGLE_FILE}, whole as its one process wrote them" if len(files) == 1 and world in (1, None) else
+            f"the {len(files)} files its {INDEX_FILE} lists, each tensor whole as its {world} processes wrote them")
+    return (f"{lead}{os.path.join(str(src_dir), CHECKPOINT_INDEX)} is missing: the weights are read from {read}, "
+            f"without the checksums the index kept; a resume does not take this checkpoint")
 
 
 def _some(names: list[str]) -> str:

@@ -103,8 +103,11 @@ def prepare(config: str | None, overrides: list[str] | None, target: Target, cha
     elif run.data.input_dir is not None:  # the token files are checked without the tokenizer too
         problems.run(open_token_files, run.data.input_dir)
     if run.model.continue_training:  # a note when its weights' tokenizer is another (its files, else its record)
+        from pretrain_cli.models.model_files import lost_index_note
+
+        lost = lost_index_note(model_dir, "model_name_or_path: ")  # (a checkpoint's weights, whole without its index)
         spec.run = run = replace(run, notes=(*run.notes, *continued_tokenizer(model_dir, spec.tokenizer,
-                                                                              spec.prefixes())))
+                                                                              spec.prefixes()), *filter(None, [lost])))
     spec.held = in_use(run) if lock else None
     if spec.held and lock != "describe":  # (the only line of output_dir: the resume's are the live run's checkpoints')
         problems.add(spec.held)

@@ -18,10 +18,11 @@ def record_path(model_dir) -> Path | None:
 
 
 def trained_model(output_dir) -> tuple[Path | None, str | None]:
-    """(model, note) a run's output_dir holds: its final export, else its newest checkpoint-N with a `note:`
-    saying so (a run stopped before its export still has a model to evaluate or sample; the user must know it is
-    not the final one, nor the model the directory held before the run: `export.whole_final` judges); (None, None)
-    when it holds neither yet."""
+    """(model, note) a run's output_dir holds: its final export, else its newest complete checkpoint-N, the one a
+    resume takes (`storage.intact.newest_complete`; none complete: its newest, judged as it is read), with a `note:`
+    saying so and naming the newer one passed over (a run stopped before its export still has a model to evaluate
+    or sample; the user must know it is not the final one, nor the model the directory held before the run:
+    `export.whole_final` judges); (None, None) when it holds neither yet."""
     from pretrain_cli import run_dir
     from pretrain_cli.training.export import before_the_run, final_step, whole_final
 
@@ -31,6 +32,17 @@ def trained_model(output_dir) -> tuple[Path | None, str | None]:
     ckpt = run_dir.latest_checkpoint(out)
     if ckpt is None:  # weights of an export stopped part way, and nothing else: judged there, loudly
         return (out, None) if final_step(out)[0] else (None, None)
+    from pretrain_cli.storage.intact import newest_complete
+
+    try:  # the one a resume takes; none complete: the newest, judged as it is read
+        complete, skipped = newest_complete(out)
+    except UserError:  # (a checkpoint PaddleNLP's Trainer wrote: no resume's, but its weights are read as they are)
+        complete, skipped = None, []
+    which, passed = "newest checkpoint", ""
+    if complete is not None and skipped:
+        more = f", and {len(skipped) - 1} newer one(s) not complete either" if len(skipped) > 1 else ""
+        ckpt, which = complete, "newest complete checkpoint"
+        passed = f"; not {skipped[0][0].name}: {skipped[0][1]}{more}"
     from pretrain_cli.training.run_lock import whose
 
     who = whose(out)
@@ -41,7 +53,7 @@ def trained_model(output_dir) -> tuple[Path | None, str | None]:
     before = before_the_run(out)
     there = (f" ({', '.join(before)} there {'is' if len(before) == 1 else 'are'} the model {out} held before the run, "
              f"not trained by it)") if before else ""
-    return ckpt, f"note: {out} holds no final model yet ({why}): using its newest checkpoint, {ckpt}{there}"
+    return ckpt, f"note: {out} holds no final model yet ({why}): using its {which}, {ckpt}{there}{passed}"
 
 
 def older_final(out: Path) -> str | None:

@@ -19,13 +19,14 @@ warning line; a checkpoint named by `resume_from_checkpoint` is checked the same
 line when damaged (orchestration.prepare). A checkpoint PaddleNLP's Trainer wrote is no damage: either way it is
 one line of its own (`paddlenlp_checkpoint`), no other checkpoint tried. `damage(ckpt, files=...)` checks a
 subset of the files: a rank that reads only some of them can verify just those, and an export only the weights'
-(`export_problem`). A checkpoint that lost its index is no resume's, but `whole_without_index` says whether one
-process's still holds its weights whole for `eval` and `generate`.
+(`export_problem`). A checkpoint that lost its index is no resume's, but `weights_without_index` says whether its
+weights are still whole for the commands that read them alone (`eval`, `generate`, `export`, `continue_training`).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from pretrain_cli.errors import UserError
@@ -127,13 +128,16 @@ def damage(ckpt, checksums: bool = True, files=None) -> Problem | None:
 def export_problem(path) -> Problem | None:
     """Why `path` cannot be exported (`pretrain-cli export`), or None: a `checkpoint-N` (it holds optimizer state
     or an index) must pass `problem`; the final directory, or any HF directory, needs a readable `config.json`,
-    every shard its `model.safetensors.index.json` lists, and every safetensors header and data present. `path`: a
-    directory or its `CheckpointDir`."""
+    every shard its `model.safetensors.index.json` lists, and every safetensors header and data present; so does a
+    checkpoint whose index is lost but whose weights are whole (`weights_without_index`). `path`: a directory or its
+    `CheckpointDir`."""
     meta = CheckpointDir.of(path)
     path = meta.path
     if not path.is_dir():
         return _not_a_directory(path)
     if (path / checkpoint_index.INDEX).is_file() or any(path.glob("optimizer*.safetensors")):
+        if weights_without_index(meta) is not None:  # its index lost, its weights whole: read as eval reads them
+            return _json_object(path / CONFIG_FILE, True)
         return problem(meta, files=_weight_files(meta))
     reason = _json_object(path / CONFIG_FILE, True) or _json_object(path / HF_INDEX, False)
     if reason is None and (path / HF_INDEX).is_file():
@@ -167,26 +171,67 @@ def _unindexed(ckpt: Path) -> Problem | None:
     return _headers(sorted(ckpt.glob("*.safetensors")), indexed_format=missing)
 
 
-def whole_without_index(ckpt) -> bool:
-    """Whether checkpoint `ckpt`, its checkpoint.index.json gone, still holds its weights whole for a reader of them
-    alone (`eval`, `generate`: `models.model_files.find_weights` for inference): one process wrote it (its trainer
-    state there, model.safetensors and no rank's `-of-` file), and that file, its data all there, records in its
-    header each of its tensors whole (`checkpoint_index.PIECES_KEY`: at offsets 0, of the shape it holds). The
-    checksums went with the index, so none is checked. A resume, which checks them and reads the optimizer state
-    too, still refuses the checkpoint (`_unindexed`); a multi-rank one's weights lie in pieces no index places."""
-    ckpt = Path(ckpt)
-    model = ckpt / checkpoint_index.file_name("model", 0, 1)
-    if ((ckpt / checkpoint_index.INDEX).is_file() or not (ckpt / STATE_FILE).is_file() or not model.is_file()
-            or any(ckpt.glob("*-of-*.safetensors")) or _headers([model]) is not None):
-        return False
-    f = File(model)
+_MODEL_FILE = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")  # a rank's weights (`checkpoint_index.file_name`)
+
+
+def weights_without_index(ckpt) -> list[Path] | None:
+    """The files checkpoint `ckpt` (a path or a `CheckpointDir`), its checkpoint.index.json gone, still holds its
+    weights whole in, or None: what every reader of the weights alone takes (`eval`, `generate`, `export`,
+    `continue_training`: `models.model_files.find_weights`), where the index placed pieces only it could put
+    together. Whole means: the trainer state there (written last: no half-written save), the world size its args.json
+    records (one process where none is recorded and the only weights file is model.safetensors), and the files of
+    that world: one process's model.safetensors alone; a wider run's, where each rank held whole tensors (data
+    parallel, pipeline stages), exactly the shards transformers' model.safetensors.index.json lists (the writer
+    leaves it: `training.shard_writer.publish`), each holding exactly the tensors it maps to that file. Every file's
+    data is all there and its header records each tensor whole (`checkpoint_index.PIECES_KEY`: at offsets 0, of
+    its own global shape: a ZeRO-3 or tensor-parallel slice renamed to model.safetensors is a piece). The
+    checksums went with the index, so none is checked; a resume, which checks them and reads the optimizer state
+    too, still refuses the checkpoint (`_unindexed`)."""
+    meta = CheckpointDir.of(ckpt)
+    ckpt = meta.path
+    if (ckpt / checkpoint_index.INDEX).is_file() or not (ckpt / STATE_FILE).is_file():
+        return None
+    there = {p.name for p in ckpt.glob("model*.safetensors") if _MODEL_FILE.fullmatch(p.name)}
+    single = checkpoint_index.file_name("model", 0, 1)
+    world = meta.run("parallel", "world_size")
+    if world is None and there == {single}:  # (an args.json without it: one process's name is all there is)
+        world = 1
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        return None
+    if world == 1:
+        mapped = None if there != {single} else {single: None}
+    else:
+        mapped = _hf_shards(ckpt, {checkpoint_index.file_name("model", r, world) for r in range(world)})
+    if not mapped or set(mapped) != there:  # (model.safetensors beside a rank's file, a rank's file not listed)
+        return None
+    for name, names in mapped.items():
+        if _headers([ckpt / name]) is not None:
+            return None
+        f = File(ckpt / name)
+        try:
+            held = json.loads(f.metadata[checkpoint_index.PIECES_KEY])
+        except (KeyError, TypeError, ValueError):  # (no record of its pieces: a checkpoint from before the index)
+            return None
+        if not (isinstance(held, dict) and f.tensors and set(held) == set(f.tensors) == (names or set(f.tensors))
+                and all(isinstance(p, dict) and isinstance(p.get("offsets"), list) and not any(p["offsets"])
+                        and p.get("global_shape") == f.tensors[t].get("shape") for t, p in held.items())):
+            return None
+    return [ckpt / name for name in sorted(mapped)]
+
+
+def _hf_shards(ckpt: Path, ranks: set) -> dict | None:
+    """{shard: the tensor names transformers' index maps to it} of `ckpt`'s model.safetensors.index.json, or None
+    where it is absent, unreadable, or lists a file that is none of the ranks' names `ranks`."""
     try:
-        held = json.loads(f.metadata[checkpoint_index.PIECES_KEY])
-    except (KeyError, TypeError, ValueError):  # (no record of its pieces: a checkpoint from before the index)
-        return False
-    return (isinstance(held, dict) and bool(f.tensors) and set(held) == set(f.tensors)
-            and all(isinstance(p, dict) and isinstance(p.get("offsets"), list) and not any(p["offsets"])
-                    and p.get("global_shape") == f.tensors[name].get("shape") for name, p in held.items()))
+        weight_map = json.loads((ckpt / HF_INDEX).read_text(encoding="utf-8")).get("weight_map")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    if not isinstance(weight_map, dict) or not set(weight_map.values()) <= ranks:
+        return None
+    shards: dict = {}
+    for tensor, shard in weight_map.items():
+        shards.setdefault(shard, set()).add(tensor)
+    return shards
 
 
 def _headers(paths, indexed_format: Problem | None = None) -> Problem | None:
@@ -237,18 +282,33 @@ def newest(output_dir, checksums: bool = True, before: int | None = None) -> Pat
     only (each rank then checks the files it reads)."""
     import logging
 
-    ckpts = [(n, p) for n, p in list_checkpoints(output_dir) if before is None or n < before]
-    if not ckpts:
-        return None
-    for _, path in reversed(ckpts):
+    found, skipped = newest_complete(output_dir, checksums, before)
+    for path, reason in skipped:
+        logging.getLogger("pretrain_cli").warning(skipping(path, reason))
+    if found is None and skipped:
+        raise UserError(f"{output_dir}: every checkpoint is damaged (the oldest: {skipped[-1][1]}); remove them to "
+                        f"start over, or set overwrite_output_dir: true")
+    return found
+
+
+def newest_complete(output_dir, checksums: bool = False,
+                    before: int | None = None) -> tuple[Path | None, list[tuple[Path, Problem]]]:
+    """(the newest `checkpoint-N` of `output_dir` without a `problem`, or None; the newer ones passed over, newest
+    first, each with its problem): the one judge of which checkpoint a run's directory stands for, for a resume
+    (`newest`) and for `eval` / `generate` / `export` of a run stopped before its final model
+    (`orchestration.recorded.trained_model`), who each say the skipped ones in their own words. A checkpoint
+    PaddleNLP's Trainer wrote, met newest first, is a UserError at once (`paddlenlp_checkpoint`)."""
+    skipped = []
+    for n, path in reversed(list_checkpoints(output_dir)):
+        if before is not None and n >= before:
+            continue
         if foreign := paddlenlp_checkpoint(path):
             raise UserError(foreign)
         reason = problem(path, checksums)
         if reason is None:
-            return path
-        logging.getLogger("pretrain_cli").warning(skipping(path, reason))
-    raise UserError(f"{output_dir}: every checkpoint is damaged (the oldest: {reason}); remove them to start over, "
-                    f"or set overwrite_output_dir: true")
+            return path, skipped
+        skipped.append((path, reason))
+    return None, skipped
 
 
 def previous(output_dir, step: int, reason: str, checksums: bool = True) -> Path:

@@ -207,17 +207,23 @@ def whole_final(out) -> bool:
 
 def unfinished_run(src, key: str, then: str) -> None:
     """Refuse `src` where a run's output_dir (its args.json, a checkpoint-N) holds no whole final model
-    (`whole_final`), in one line naming its newest checkpoint, which `eval --model src` reads: what else it holds is
-    the model it held before the run (`before_the_run`: a download) or part of a stopped export, not what the run
-    trained. `key` names the argument; `then`, what to do with the checkpoint. A run reading its own output_dir
-    (resuming there) is not asked."""
+    (`whole_final`), in one line naming its newest complete checkpoint, which `eval --model src` reads: what else
+    it holds is the model it held before the run (`before_the_run`: a download) or part of a stopped export, not
+    what the run trained. `key` names the argument; `then`, what to do with the checkpoint. A run reading its own
+    output_dir (resuming there) is not asked."""
     from pretrain_cli.errors import UserError
     from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
     src = Path(src)
-    newest = run_dir.latest_checkpoint(src) if src.is_dir() else None
-    if newest is None or CheckpointDir(src).record is None or whole_final(src):
+    latest = run_dir.latest_checkpoint(src) if src.is_dir() else None
+    if latest is None or CheckpointDir(src).record is None or whole_final(src):
         return
+    from pretrain_cli.storage.intact import newest_complete
+
+    try:  # what `recorded.trained_model` takes: the one a resume takes
+        newest = newest_complete(src)[0] or latest
+    except UserError:  # (a checkpoint PaddleNLP's Trainer wrote)
+        newest = latest
     before = before_the_run(src)
     held = ""
     if before:
@@ -226,7 +232,8 @@ def unfinished_run(src, key: str, then: str) -> None:
     elif final_step(src)[0]:
         held = "; the weights there are what an export stopped part way left"
     raise UserError(f"{key}{src} holds no final model of its run yet (still training, or stopped before its export"
-                    f"{held}); {then} its newest checkpoint, {newest}, which eval --model {src} reads")
+                    f"{held}); {then} its newest{'' if newest == latest else ' complete'} checkpoint, {newest}, "
+                    f"which eval --model {src} reads")
 
 
 def remove_final(out) -> str | None:
@@ -309,9 +316,13 @@ def export_checkpoint(src: Path, out: Path, dtype: str,
         there = f": {src.parent} holds {', '.join(p.name for _, p in saved)}" if saved and not src.exists() else ""
         raise UserError(f"{src}: cannot export: {reason}; export another checkpoint-N (or the final directory){there}")
     if meta.index is None:  # a model directory: which files are its model is judged before out.tmp is made
-        from pretrain_cli.models.model_files import find_weights
+        import sys
+
+        from pretrain_cli.models.model_files import find_weights, lost_index_note
 
         find_weights(src)
+        if (lost := lost_index_note(src)) is not None:  # (a checkpoint whose weights are whole without its index)
+            print(lost, file=sys.stderr)
     cfg = ModelConfig.from_file(str(src))
     paddle = runtime.import_paddle()
     from pretrain_cli.models import build_model

@@ -221,8 +221,8 @@ def holds_router_bias(ckpt, use: str) -> bool:
 
 def load_for_inference(model_dir, cfg, seed: int, request=None, device: str | None = None):
     """(model, source) for `eval` and `generate`: the directory's weights, or a seeded random init when it has none
-    (a preset). A directory with weights that cannot be read is an error, never a random init (one process's
-    checkpoint that lost its index is read, with `model_files.lost_index_note` on stderr). `request` on
+    (a preset). A directory with weights that cannot be read is an error, never a random init (a checkpoint that
+    lost its index, its weights whole, is read, with `model_files.lost_index_note` on stderr). `request` on
     `device`: the kernels (`orchestration.targets.inference_kernels`; None: `ops.kernels`' defaults)."""
     from pretrain_cli import runtime
     from pretrain_cli.models.model_files import find_weights, has_weights, lost_index_note
@@ -234,7 +234,7 @@ def load_for_inference(model_dir, cfg, seed: int, request=None, device: str | No
     weights = has_weights(model_dir)
     if weights:
         find_weights(model_dir)  # a damaged index fails here, before the model is built
-        if (note := lost_index_note(model_dir)) is not None:  # (one process's checkpoint, read whole without it)
+        if (note := lost_index_note(model_dir)) is not None:  # (a checkpoint's weights, read whole without it)
             print(note, file=sys.stderr)
     if not str(device or paddle.device.get_device()).startswith(("gpu", "cuda")):
         from pretrain_cli.planning.hardware import host_memory_problem
