@@ -9,11 +9,18 @@ import pytest
 
 from data_helpers import make_texts, make_tokenizer, run_preprocess, write_jsonl
 from pretrain_cli.commands import preprocess, train_tokenizer
+from pretrain_cli.data import readers
+from pretrain_cli.data.documents import DocumentReader
 from pretrain_cli.data.indexed import open_token_file
+from pretrain_cli.errors import UserError
 
 RULE = ("a .txt file's documents are separated by blank lines, not by line ends; if each line is a document, put a "
         "blank line between documents or write them as .jsonl (one {\"text\": ...} object per line)")
 NO_EOS = "preprocess: note: no --append_eos: "
+
+
+def _long(where) -> str:
+    return f"note: {where}: a paragraph of 1,000 lines and more with no blank line, one document: {RULE}"
 
 
 @pytest.fixture(scope="module")
@@ -29,31 +36,69 @@ def _run(capsys, tok_dir, out, *paths, eos: bool = True) -> list[str]:
     return capsys.readouterr().err.splitlines()
 
 
-def test_a_txt_file_of_one_document_per_line_is_said_once(tmp_path, tok_dir, capsys):
-    """400 lines without a blank line: one document, and one note naming the file, its count and the rule."""
-    lines = make_texts(400, seed=1)
-    (tmp_path / "lines.txt").write_text("\n".join(lines) + "\n")
-    err = _run(capsys, tok_dir, tmp_path / "one", tmp_path / "lines.txt")
-    assert open_token_file(tmp_path / "one").num_documents == 1
-    assert err == [f"preprocess: note: {tmp_path / 'lines.txt'}: 400 lines made 1 document: {RULE}"], err
+def test_a_txt_file_of_one_document_per_line_is_said_while_it_is_read(tmp_path, tok_dir, capsys):
+    """1,200 lines without a blank line, then a blank line and a paragraph: said once the paragraph reaches 1,000
+    lines, before the reader hands it on to be tokenized (a corpus of such lines held as one document may never
+    reach the end of the run), naming the file and the paragraph's first line."""
+    lines = make_texts(1200, seed=1)
+    (tmp_path / "lines.txt").write_text("\n".join(lines) + "\n\n" + "\n".join(lines[:5]) + "\n")
+    notes: list[str] = []
+    docs = iter(DocumentReader([tmp_path / "lines.txt"], note=notes.append))
+    first = next(docs)
+    assert notes == [_long(f"{tmp_path / 'lines.txt'}:1")] and first.count("\n") == 1199, notes
+    assert next(docs).count("\n") == 4 and next(docs, None) is None and len(notes) == 1
 
-    # two blank lines in 400: three documents of ~133 lines are as few; a further file is named in the same note
-    (tmp_path / "few.txt").write_text("\n".join(lines[:100]) + "\n\n" + "\n".join(lines[100:300]) + "\n\n"
-                                      + "\n".join(lines[300:]) + "\n")
-    err = _run(capsys, tok_dir, tmp_path / "two", tmp_path / "lines.txt", tmp_path / "few.txt")
-    assert err == [f"preprocess: note: {tmp_path / 'lines.txt'}: 400 lines made 1 document; {tmp_path / 'few.txt'}: "
-                   f"400 lines made 3 documents: {RULE}"], err
+    err = _run(capsys, tok_dir, tmp_path / "one", tmp_path / "lines.txt")
+    assert open_token_file(tmp_path / "one").num_documents == 2
+    assert err == [_long(f"{tmp_path / 'lines.txt'}:1")], err
+
+
+def test_each_file_is_said_once_and_the_first_three_by_name(tmp_path, tok_dir, capsys):
+    """Two long paragraphs in one file: one note, at the first. Four such files: three named, then a count after
+    the summary."""
+    lines = make_texts(1000, seed=4)
+    for name in "abcd":
+        (tmp_path / "in").mkdir(exist_ok=True)
+        (tmp_path / "in" / f"{name}.txt").write_text(("\n".join(lines) + "\n\n") * (2 if name == "a" else 1))
+    err = _run(capsys, tok_dir, tmp_path / "four", tmp_path / "in")
+    named = [_long(f"{tmp_path / 'in' / n}.txt:1") for n in "abc"]
+    named[2] = named[2].replace("one document:", "one document (further such files are not named):")
+    assert err == [*named, f"preprocess: note: 4 .txt files held a paragraph of 1,000 lines and more (the first 3 "
+                           f"named above): {RULE}"], err
+    assert open_token_file(tmp_path / "four").num_documents == 5
 
 
 def test_txt_files_whose_blank_lines_separate_documents_get_no_note(tmp_path, tok_dir, capsys):
-    """Paragraphs of a few lines each, a short .txt of one paragraph, and .jsonl lines are what they should be."""
-    texts = make_texts(90, seed=2)
+    """Paragraphs of a few lines each, 20 paragraphs of 25 hard-wrapped lines, articles of 30 one-line paragraphs
+    between blank lines, a paragraph of 999 lines, and .jsonl lines are what they should be."""
+    texts = make_texts(999, seed=2)
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "paragraphs.txt").write_text("\n\n".join("\n".join(texts[i:i + 3]) for i in range(0, 90, 3)))
-    (tmp_path / "in" / "short.txt").write_text("\n".join(texts[:19]) + "\n")  # 19 lines: too few to judge
-    write_jsonl(tmp_path / "in" / "docs.jsonl", texts)
+    (tmp_path / "in" / "wrapped.txt").write_text("\n\n".join("\n".join(texts[i:i + 25]) for i in range(0, 500, 25)))
+    (tmp_path / "in" / "articles.txt").write_text("\n\n".join("\n".join(texts[i:i + 30]) for i in range(0, 300, 30)))
+    (tmp_path / "in" / "short.txt").write_text("\n".join(texts) + "\n")  # 999 lines: one below the bar
+    write_jsonl(tmp_path / "in" / "docs.jsonl", texts[:90])
     err = _run(capsys, tok_dir, tmp_path / "c", tmp_path / "in")
-    assert err == [] and open_token_file(tmp_path / "c").num_documents == 30 + 1 + 90
+    assert err == [] and open_token_file(tmp_path / "c").num_documents == 10 + 30 + 1 + 20 + 90
+
+
+def test_a_paragraph_past_the_bound_is_bad_input(tmp_path, monkeypatch):
+    """A paragraph past PARAGRAPH_BYTES (here 1 MiB) is one line naming the file, the paragraph's first line and what
+    to do; with --skip_bad_lines it is skipped (its lines to the next blank line) and counted, and the file's other
+    paragraphs are read."""
+    monkeypatch.setattr(readers, "PARAGRAPH_BYTES", 1 << 20)
+    line = "x" * 99 + "\n"
+    (tmp_path / "big.txt").write_text("first\n\n" + line * 11000 + "\nlast\n")
+    with pytest.raises(UserError) as e:
+        list(DocumentReader([tmp_path / "big.txt"], note=lambda line: None))
+    assert str(e.value) == (f"{tmp_path / 'big.txt'}:3: a paragraph (one document) of more than 1 MiB with no blank "
+                            f"line; put blank lines between documents (or write them as .jsonl) or pass "
+                            f"--skip_bad_lines"), str(e.value)
+    notes: list[str] = []
+    reader = DocumentReader([tmp_path / "big.txt"], skip_bad_lines=True, note=notes.append)
+    assert list(reader) == ["first", "last"] and reader.bad_lines == 1
+    assert notes == [_long(f"{tmp_path / 'big.txt'}:3"), f"warning: skipped {tmp_path / 'big.txt'}:3: a paragraph "
+                     f"(one document) of more than 1 MiB with no blank line"], notes
 
 
 def test_without_append_eos_one_note_says_what_it_costs(tmp_path, tok_dir, capsys):

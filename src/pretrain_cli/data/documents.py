@@ -12,9 +12,8 @@ import json
 import os
 from pathlib import Path
 
-from pretrain_cli.counts import count
 from pretrain_cli.data.indexed import SIDECAR_FORMAT
-from pretrain_cli.data.readers import FileReader, count_records, kind
+from pretrain_cli.data.readers import LONG_PARAGRAPH_LINES, FileReader, count_records, kind
 from pretrain_cli.data.tasks import PROGRESS_FORMAT
 from pretrain_cli.errors import UserError
 
@@ -22,9 +21,9 @@ BATCH_DOCS, BATCH_BYTES = 256, 1 << 20
 _REPORTED_BAD_LINES = 10
 _RECORD_BYTES = 1 << 20  # a sidecar or progress record is far smaller; larger .json files are not parsed twice
 INPUTS = ".jsonl/.json/.txt (plain, .gz, .zst, .bz2, .xz) or .parquet"
-# a .txt file's lines per document (blank-line-separated paragraph) from which its note says that they ran together:
-# one document per line (or per few lines) written without blank lines between them (`paragraph_note`)
-_LINES_A_DOCUMENT = 20
+_NAMED_LONG_PARAGRAPHS = 3  # .txt files whose long paragraph is named as it is read; further ones are counted
+_TXT_RULE = ("a .txt file's documents are separated by blank lines, not by line ends; if each line is a document, put "
+             "a blank line between documents or write them as .jsonl (one {\"text\": ...} object per line)")
 
 
 def _expand(arg: str) -> tuple[list[Path], bool]:
@@ -110,8 +109,7 @@ class DocumentReader:
         self.documents = self.empty = self.bad_lines = self.bad_parts = self.bytes = 0
         self._disk_done, self._current = 0, None  # the finished files' bytes on disk; the file being read
         self.files_read = 0  # files opened by `read` (--max_doc_num stops before the rest)
-        self.run_together: list = []  # (file, lines, documents) of the first .txt files read whose lines ran together
-        self.run_together_files = 0  # all of them
+        self.long_paragraph_files = 0  # .txt files with a paragraph of LONG_PARAGRAPH_LINES lines (`paragraph_note`)
 
     def counters(self) -> dict:
         return {"documents": self.documents, "empty": self.empty, "bad_lines": self.bad_lines,
@@ -133,6 +131,16 @@ class DocumentReader:
             more = " (further skipped lines are only counted)" if n == _REPORTED_BAD_LINES else ""
             self.note(f"warning: skipped {where}: {problem}{more}")
 
+    def _long_paragraph(self, where: str) -> None:
+        """A .txt file's paragraph reached LONG_PARAGRAPH_LINES lines: said now, while it is read, not after the run
+        (where a corpus of one document a line, held as one document, may never get: its memory grows with it)."""
+        self.long_paragraph_files += 1
+        n = self.long_paragraph_files
+        if n <= _NAMED_LONG_PARAGRAPHS:
+            more = " (further such files are not named)" if n == _NAMED_LONG_PARAGRAPHS else ""
+            self.note(f"note: {where}: a paragraph of {LONG_PARAGRAPH_LINES:,} lines and more with no blank line, one "
+                      f"document{more}: {_TXT_RULE}")
+
     @property
     def on_disk(self) -> int:
         """Bytes of the input files on disk read so far (compressed bytes for a compressed file): a bar's position
@@ -141,7 +149,7 @@ class DocumentReader:
 
     def read(self, path: Path):
         """The non-empty documents of one file (until max_docs)."""
-        fr = self._current = FileReader(path, self.json_key, self._bad)
+        fr = self._current = FileReader(path, self.json_key, self._bad, self._long_paragraph)
         self.files_read += 1
         counted = 0
         try:
@@ -155,10 +163,6 @@ class DocumentReader:
                     return
                 self.documents += 1
                 yield text
-            if fr.format == ".txt" and fr.lines >= _LINES_A_DOCUMENT * max(fr.paragraphs, 1):  # (read to its end)
-                self.run_together_files += 1
-                if len(self.run_together) < 3:
-                    self.run_together.append((path, fr.lines, fr.paragraphs))
         finally:
             self.bytes += fr.bytes - counted
             self._current = None
@@ -179,19 +183,15 @@ class DocumentReader:
 
 
 def paragraph_note(reader: DocumentReader) -> str | None:
-    """The note for .txt files whose lines ran together into few documents (`_LINES_A_DOCUMENT` lines a document or
-    more): a file of one document per line reads as one document, which only an empty valid split told. PaddleNLP's
-    preprocessing reads only .jsonl (and .zst) files, so there is no one-line-a-document mode to match: the note
-    names the two ways the files can say where documents end."""
-    if not reader.run_together:
+    """preprocess's line after its summary where more .txt files held a paragraph of LONG_PARAGRAPH_LINES lines than
+    were named as they were read (`DocumentReader._long_paragraph`): their count. PaddleNLP's preprocessing reads
+    only .jsonl (and .zst) files, so there is no one-line-a-document mode to match: the notes name the two ways the
+    files can say where documents end."""
+    n = reader.long_paragraph_files
+    if n <= _NAMED_LONG_PARAGRAPHS:
         return None
-    named = "; ".join(f"{p}: {count(lines, 'line')} made {count(docs, 'document')}"
-                      for p, lines, docs in reader.run_together)
-    more = reader.run_together_files - len(reader.run_together)
-    named += f"; and {count(more, 'more .txt file')}" if more else ""
-    return (f"note: {named}: a .txt file's documents are separated by blank lines, not by line ends; if each "
-            "line is a document, put a blank line between documents or write them as .jsonl (one {\"text\": ...} "
-            "object per line)")
+    return (f"note: {n} .txt files held a paragraph of {LONG_PARAGRAPH_LINES:,} lines and more (the first "
+            f"{_NAMED_LONG_PARAGRAPHS} named above): {_TXT_RULE}")
 
 
 def batches(texts, max_docs: int = BATCH_DOCS, max_bytes: int = BATCH_BYTES):
