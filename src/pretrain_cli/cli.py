@@ -5,7 +5,8 @@ so `--help` and errors about the argument file answer without Paddle's ~2.5 s im
 User errors (`UserError`) become one line per problem on stderr and exit code 2 (a mistyped command line: its one
 usage line first, `CommandParser`); an `OSError` the system
 raises (disk full, permission denied) becomes one line and exit code 1; `--debug` also shows
-the traceback. A character stdout or stderr cannot encode prints as a backslash escape (`_printable_streams`).
+the traceback. A character a strict stdout or stderr cannot encode prints as a `\\uXXXX` escape
+(`_printable_streams`).
 """
 from __future__ import annotations
 
@@ -194,13 +195,39 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return code
 
 
+U_ESCAPE = "pretrain_cli.u_escape"  # the errors handler `_printable_streams` gives a strict stdout or stderr
+
+
 def _printable_streams() -> None:
     """A stream whose encoding cannot spell every character (`PYTHONIOENCODING=latin-1`, a legacy code page) would
     end a finished command in a UnicodeEncodeError traceback at the first such character printed (a prompt or a
-    generated text in another script, a path): it prints as `\\u65e5` instead, as Python's own stderr prints it."""
+    generated text in another script, a path): it prints as `\\u65e5` instead. Only a strict stream is changed:
+    a UTF-8 locale's or PYTHONUTF8's `surrogateescape` writes a path's undecodable bytes back as they were, and
+    stderr's own `backslashreplace` already prints everything."""
+    import codecs
+
+    codecs.register_error(U_ESCAPE, _u_escapes)
     for stream in (sys.stdout, sys.stderr):
-        if hasattr(stream, "reconfigure"):  # (a TextIOWrapper; a replaced stream may not be one)
-            stream.reconfigure(errors="backslashreplace")
+        # (a TextIOWrapper; a replaced stream may not be one)
+        if hasattr(stream, "reconfigure") and getattr(stream, "errors", None) == "strict":
+            stream.reconfigure(errors=U_ESCAPE)
+
+
+def _u_escapes(e: UnicodeError) -> tuple[str, int]:
+    """What cannot be encoded as JSON's `\\uXXXX` escapes (a character above U+FFFF as its surrogate pair): still
+    valid JSON where `--json` prints it inside a string (`ensure_ascii=False`), and readable in text, where Python's
+    `backslashreplace` writes `\\U0001f680` and `\\xfc`, which JSON does not have."""
+    if not isinstance(e, UnicodeEncodeError):
+        raise e
+    out = []
+    for ch in e.object[e.start:e.end]:
+        c = ord(ch)
+        if c > 0xFFFF:  # UTF-16's surrogate pair
+            c -= 0x10000
+            out.append(f"\\u{0xD800 + (c >> 10):04x}\\u{0xDC00 + (c & 0x3FF):04x}")
+        else:
+            out.append(f"\\u{c:04x}")
+    return "".join(out), e.end
 
 
 def _main(argv: list[str] | None, prog: str | None = None) -> int:

@@ -1,0 +1,52 @@
+"""What the entry point prints where stdout cannot encode every character (`cli._printable_streams`): `--json` stays
+JSON (a path in another script as `\\uXXXX` escapes, not Python's `\\U0001f680`/`\\xfc`), and a stream that already has
+an errors handler (a UTF-8 locale's `surrogateescape`) keeps it, so a path's undecodable bytes print as they were.
+Real processes: a stream's encoding and errors handler are set when Python starts."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from data_helpers import write_tokens
+from pretrain_cli import cli
+
+
+def _inspect(prefix, **env) -> bytes:
+    """`pretrain-cli inspect-data PREFIX --json`'s stdout under `env`."""
+    done = subprocess.run([sys.executable, "-m", "pretrain_cli", "inspect-data", os.fsencode(prefix), "--json"],
+                          env={**os.environ, **env}, capture_output=True, timeout=600)
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr.decode("latin-1")[-2000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+def test_json_on_a_stdout_that_cannot_encode_a_path_is_still_json(tmp_path, encoding):
+    """A prefix holding 東京🚀 and ü: json.loads gives the path back, whatever the stream could spell."""
+    (tmp_path / "東京🚀ü").mkdir()
+    prefix = write_tokens(tmp_path / "東京🚀ü" / "t")
+    out = _inspect(prefix, PYTHONIOENCODING=encoding)
+    assert json.loads(out.decode(encoding))["prefix"] == prefix, out
+    assert b"\\ud83d\\ude80" in out and b"\\u6771\\u4eac" in out  # (🚀: its surrogate pair; 東京)
+
+
+def test_a_surrogateescape_stdout_keeps_a_paths_undecodable_bytes(tmp_path):
+    """Under PYTHONUTF8 stdout's handler is surrogateescape: a directory named with the byte 0xff prints as that
+    byte, not as `\\udcff`."""
+    d = os.path.join(os.fsencode(tmp_path), b"d\xff")
+    os.mkdir(d)
+    prefix = write_tokens(os.fsdecode(d) + "/t")
+    out = _inspect(prefix, PYTHONUTF8="1", PYTHONIOENCODING="")
+    assert b"/d\xff/t" in out and b"\\udcff" not in out, out
+
+
+def test_the_escapes_are_json_s():
+    """A character above U+FFFF is its UTF-16 surrogate pair; a character of the BMP (and a lone surrogate) its own."""
+    cli._printable_streams()  # (registers the handler)
+    text = "ü東🚀\udcff"
+    escaped = text.encode("ascii", errors=cli.U_ESCAPE)
+    assert escaped == b"\\u00fc\\u6771\\ud83d\\ude80\\udcff"
+    assert json.loads(b'"' + escaped + b'"') == text
