@@ -14,6 +14,7 @@ import re
 _WORD = re.compile(r"[A-Za-z_][\w.\-]*")
 _PYTHON = {"True": "true", "False": "false", "None": "null"}
 _CURLY = "\u201c\u201d\u2018\u2019"
+_NUMBER_START = re.compile(r"-?[0-9]")
 
 
 def _where(doc: str, pos: int, first_line: int) -> str:
@@ -24,6 +25,16 @@ def _where(doc: str, pos: int, first_line: int) -> str:
 def _last(doc: str, pos: int) -> int:
     """The position of the last character before `pos` that is not whitespace (-1: none)."""
     return len(doc[:pos].rstrip()) - 1
+
+
+def _token(doc: str, pos: int) -> tuple[int, int]:
+    """[start, end) of the run of word characters, dots and signs around `pos` (a number as written: `0x10`, `1e-`)."""
+    start, end = pos, pos
+    while start > 0 and (doc[start - 1].isalnum() or doc[start - 1] in "_.+-"):
+        start -= 1
+    while end < len(doc) and (doc[end].isalnum() or doc[end] in "_.+-"):
+        end += 1
+    return start, end
 
 
 def _cause(doc: str, pos: int, msg: str) -> tuple[int, str] | None:
@@ -37,12 +48,17 @@ def _cause(doc: str, pos: int, msg: str) -> tuple[int, str] | None:
     if rest.startswith("#"):
         return pos, "a # comment (JSON has no comments); remove it"
     if msg == "Expecting ',' delimiter":
-        if rest and pos > 0 and doc[pos - 1] == '"' and not rest[0].isspace() and rest[0] not in ",:}]":
+        prior = doc[pos - 1] if pos > 0 else ""
+        if rest and prior == '"' and not rest[0].isspace() and rest[0] not in "\",:}]":
             return pos - 1, 'a double quote inside a string ends it; write \\" for a quote inside a string'
         if not rest.strip():
             return pos, "the JSON ends before its closing } or ]; close it"
-        if rest[0] in "\"'{[-0123456789" or _WORD.match(rest):  # the start of the next entry
-            return pos, "a missing comma before this entry; put , after the entry before it"
+        start, end = _token(doc, pos)
+        if start < pos and _NUMBER_START.match(doc, start):  # the parser stopped inside what was meant as a number
+            return start, (f"a number JSON cannot read, {doc[start:end]}; JSON numbers are decimal, with no leading "
+                           f"0, a digit after . and after e (16 for 0x10, 1.0, 1e-5)")
+        if (prior.isspace() or prior in ('"', "]", "}")) and (rest[0] in "\"'{[-0123456789" or _WORD.match(rest)):
+            return pos, "a missing comma before this entry; put , after the entry before it"  # (the next entry)
         return None
     if rest[:1] == "'":
         return pos, "a single-quoted string; JSON strings take double quotes (\"...\")"
@@ -52,8 +68,10 @@ def _cause(doc: str, pos: int, msg: str) -> tuple[int, str] | None:
     if msg.startswith("Expecting property name"):
         if rest[:1] == "}" and before == ",":
             return last, "a trailing comma before }; remove it"
-        if rest[:1] == ",":
+        if rest[:1] == "," and before == ",":
             return pos, "two commas in a row; remove one"
+        if rest[:1] == "," and before == "{":
+            return pos, "a comma before the first entry; remove it"
         if word:
             return pos, f'an unquoted key {word.group()}; JSON keys take double quotes ("{word.group()}")'
         if not rest.strip():
@@ -66,6 +84,8 @@ def _cause(doc: str, pos: int, msg: str) -> tuple[int, str] | None:
             return pos, "a key with no value; give it one"
         if rest[:1] == "," and before == ",":
             return pos, "two commas in a row; remove one"
+        if rest[:1] == "," and before == "[":
+            return pos, "a comma before the first entry; remove it"
         if word and word.group() in _PYTHON:
             return pos, f"Python's {word.group()}; JSON writes {_PYTHON[word.group()]}"
         if word:
@@ -75,7 +95,7 @@ def _cause(doc: str, pos: int, msg: str) -> tuple[int, str] | None:
         return None
     if msg == "Expecting ':' delimiter":
         return pos, f"a key not followed by :; write \"key\": value{' (not =)' if rest[:1] == '=' else ''}"
-    if msg == "Extra data":
+    if msg == "Extra data" and before in ("}", "]"):
         return pos, "text after the closing } or ]; a file holds one JSON value: remove it or move it inside"
     if msg.startswith("Invalid \\escape"):
         return pos, "a backslash in a string; write \\\\ for a backslash (in a path, / works too)"
@@ -85,6 +105,8 @@ def _cause(doc: str, pos: int, msg: str) -> tuple[int, str] | None:
         if rest[:1] == "\t":
             return pos, "a tab inside a string; write \\t"
         return None
+    if msg.startswith("Unexpected UTF-8 BOM"):  # (a file read as utf-8, which transformers reads it as too)
+        return 0, "a byte-order mark at the start; save the file as UTF-8 without BOM"
     if msg.startswith("Unterminated string"):
         return pos, 'a string never closed; end it with "'
     return None

@@ -11,6 +11,7 @@ from pretrain_cli.errors import UserError
 from pretrain_cli.json_mistakes import explain
 from pretrain_cli.models.config import ModelConfig, read_generation
 
+NUMBERS = "JSON numbers are decimal, with no leading 0, a digit after . and after e (16 for 0x10, 1.0, 1e-5)"
 # (file text, where the mistake is, what the line says): the commonest hand-written mistakes
 MISTAKES = [
     ('{\n  "max_steps": 10,\n  "output_dir": "out", // where it goes\n  "seed": 1\n}', "3:24",
@@ -37,6 +38,13 @@ MISTAKES = [
     ('{"output_dir": "out", "seed": 1', "1:32", "the JSON ends before its closing } or ]; close it"),
     ('{"output_dir": \u201cout\u201d}', "1:16",
      'a curly quote \u201c; JSON strings take straight double quotes ("), retype it'),
+    # a number JSON cannot read is not a missing comma (the parser stops inside it, after a digit)
+    *[(f'{{"seed": {n}}}', "1:10", f"a number JSON cannot read, {n}; {NUMBERS}")
+      for n in ("01", "0x10", "1e", "1e-", "12abc", "1.")],
+    ('{"output_dir":"x""seed":2}', "1:18", "a missing comma before this entry; put , after the entry before it"),
+    ('{"output_dir": "say "hi""}', "1:21", 'a double quote inside a string ends it; write \\" for a quote inside a string'),
+    ('{, "seed": 1}', "1:2", "a comma before the first entry; remove it"),
+    ('{"split": [,949, 50, 1]}', "1:12", "a comma before the first entry; remove it"),
 ]
 
 
@@ -49,10 +57,15 @@ def test_an_argument_file_names_the_mistake_and_its_fix(tmp_path, text, where, s
     assert str(e.value) == f"{path}:{where}: invalid JSON: {said}"
 
 
-def test_a_mistake_with_no_better_words_keeps_pythons_and_its_place():
+@pytest.mark.parametrize("text,said", [
+    ('"seed": 1}', "1:7: invalid JSON: Extra data"),  # (no opening {: no closing } or ] ends the value read)
+    ('{"seed": NaNx}', "1:13: invalid JSON: Expecting ',' delimiter"),  # (not a number, not a missing comma)
+    ('[true"x"]', "1:6: invalid JSON: Expecting ',' delimiter"),
+])
+def test_a_mistake_with_no_better_words_keeps_pythons_and_its_place(text, said):
     with pytest.raises(json.JSONDecodeError) as e:
-        json.loads('{"learning_rate": 1.}')
-    assert explain(e.value) == "1:20: invalid JSON: Expecting ',' delimiter"
+        json.loads(text)
+    assert explain(e.value) == said
 
 
 def test_a_models_config_json_and_generation_config_say_it_the_same_way(tmp_path):
@@ -86,3 +99,30 @@ def test_a_model_directory_a_run_names_says_it_in_check(tmp_path, capsys):
                      "--do_train", "--max_steps", "1"]) == 2
     assert f"error: {tmp_path / 'm' / 'config.json'}:2:26: invalid JSON: a // comment (JSON has no comments); " \
            f"remove it" in capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize("content,said", [
+    ('\ufeff{"model_type": "llama"}'.encode(), "1:1: invalid JSON: a byte-order mark at the start; save the file as "
+                                               "UTF-8 without BOM"),
+    (b'{"model_type": "llama", "name": "caf\xe9"}', " byte 36 is not UTF-8 (invalid continuation byte); save the "
+                                                   "file as UTF-8"),
+    (b"[" * 100000, " nested deeper than a JSON reader follows; a model config is one object of keys"),
+])
+def test_a_model_config_json_not_read_as_utf8_json_is_one_line(tmp_path, capsys, content, said):
+    """A byte-order mark (which transformers' reader refuses too), Latin-1 text and nesting past Python's recursion
+    limit: one line each, where a UnicodeDecodeError or RecursionError traceback ended `check`."""
+    from pretrain_cli import cli
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_bytes(content)
+    assert cli.main(["check", "--model_name_or_path", str(tmp_path / "m"), "--output_dir", str(tmp_path / "o"),
+                     "--do_train", "--max_steps", "1"]) == 2
+    assert f"error: {tmp_path / 'm' / 'config.json'}:{said}" in capsys.readouterr().err.splitlines()
+
+
+def test_a_generation_config_with_a_byte_order_mark_says_it(tmp_path):
+    (tmp_path / "generation_config.json").write_bytes('\ufeff{"do_sample": true}'.encode())
+    with pytest.raises(UserError) as e:
+        read_generation(str(tmp_path))
+    assert str(e.value) == (f"{tmp_path / 'generation_config.json'}:1:1: invalid JSON: a byte-order mark at the start; "
+                            f"save the file as UTF-8 without BOM; fix or remove the file")

@@ -34,10 +34,15 @@ def build_model_config(args: Arguments):
 
         refuse_unread(model_dir, "model_name_or_path")
     path = model_dir / "config.json"
-    try:
+    try:  # (utf-8, not utf-8-sig: transformers reads it so, and refuses a byte-order mark: `explain` says it)
         raw = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise UserError(f"{path}:{explain(e)}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: byte {e.start} is not UTF-8 ({e.reason}); save the file as UTF-8") from None
+    except RecursionError:
+        raise UserError(f"{path}: nested deeper than a JSON reader follows; a model config is one object of "
+                        f"keys") from None
     except OSError as e:
         raise UserError(f"{path}: not a readable JSON model config ({e})") from None
     if not isinstance(raw, dict):
