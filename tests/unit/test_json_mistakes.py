@@ -126,3 +126,11 @@ def test_a_generation_config_with_a_byte_order_mark_says_it(tmp_path):
         read_generation(str(tmp_path))
     assert str(e.value) == (f"{tmp_path / 'generation_config.json'}:1:1: invalid JSON: a byte-order mark at the start; "
                             f"save the file as UTF-8 without BOM; fix or remove the file")
+
+
+def test_a_prompt_jsonl_line_may_hold_unicode_line_separators(tmp_path):
+    """JSON strings may hold U+2028, U+2029 and U+0085 unescaped; only \\n ends a .jsonl line."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "one\u2028two"}\r\n{"prompt": "three\x85four\u2029"}\n', encoding="utf-8")
+    assert _prompts(argparse.Namespace(prompt=None, prompt_file=str(path))) == [
+        (f"{path}:1", "one\u2028two"), (f"{path}:2", "three\x85four\u2029")]

@@ -82,7 +82,8 @@ def _prompts(ns: argparse.Namespace) -> list[tuple[str, str]]:
         return [("--prompt", ns.prompt)]
     path = Path(ns.prompt_file)
     try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
+        # only \n ends a line: splitlines also cuts at U+2028 and U+0085, which a JSON string may hold as they are
+        lines = [line.removesuffix("\r") for line in path.read_text(encoding="utf-8-sig").split("\n")]
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"--prompt_file: cannot read {path} ({getattr(e, 'strerror', None) or e})") from None
     prompts = []
