@@ -64,7 +64,8 @@ def test_saved_tokenizer_loads_in_transformers(tmp_path):
 
 def test_extra_special_tokens_are_special_in_transformers(tmp_path):
     """`<|im_start|>` was special in tokenizer.json but missing from both config files, so transformers'
-    `all_special_tokens` left it out and `decode(skip_special_tokens=True)` kept it; a run's export copies them."""
+    `all_special_tokens` and `all_special_ids` left it out; a run's export copies them. (Decoding with
+    skip_special_tokens drops it either way: tokenizer.json flags it special.)"""
     import transformers
 
     write_jsonl(tmp_path / "a.jsonl", make_texts(100))
@@ -76,6 +77,7 @@ def test_extra_special_tokens_are_special_in_transformers(tmp_path):
     for d in (out, tmp_path / "run"):
         hf = transformers.AutoTokenizer.from_pretrained(str(d))
         assert hf.all_special_tokens == ["<s>", "</s>", "<unk>", "<pad>", "<|im_start|>", "<|im_end|>"], d
+        assert set(hf.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])) <= set(hf.all_special_ids), d
         ids = hf("<|im_start|>the fox<|im_end|>", add_special_tokens=False)["input_ids"]
         assert hf.decode(ids, skip_special_tokens=True) == "the fox"
     config = json.loads((out / "tokenizer_config.json").read_text())

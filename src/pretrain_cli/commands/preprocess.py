@@ -21,8 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", required=True, help="tokenizer directory (tokenizer.json)")
     parser.add_argument("--json_key", default="text", help="the document field of .jsonl/.json lines, or the Parquet "
                                                            "column (default: %(default)s)")
-    parser.add_argument("--append_eos", action="store_true", help="append the tokenizer's EOS to every document, so packed training samples "
-                                                          "mark where one ends (without it they run together)")
+    parser.add_argument("--append_eos", action="store_true",
+                        help="append the tokenizer's EOS to every document, so packed training samples mark where one "
+                             "ends (without it they run together)")
     parser.add_argument("--special_tokens_in_text", choices=SPECIAL_TOKENS_IN_TEXT, default="text",
                         help="what a special token's text inside a document becomes: text (plain text, so a "
                              "literal </s> or <pad> is no EOS or pad id), special (every special token's id, as "

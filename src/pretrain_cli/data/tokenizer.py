@@ -203,10 +203,10 @@ class Tokenizer:
 
     def save(self, directory: str | os.PathLike) -> None:
         """tokenizer.json + tokenizer_config.json + special_tokens_map.json (HF layout). The special tokens without
-        a role are listed as `additional_special_tokens` in both config files: tokenizer.json flags them special,
-        but transformers' `all_special_tokens` (what `skip_special_tokens` drops) lists only the named ones; 5.x
-        reads the key as its `extra_special_tokens`, and 4.x, whose `extra_special_tokens` is a dict of named
-        tokens, reads it as it is."""
+        a role are listed as `additional_special_tokens` in both config files: tokenizer.json flags them special
+        (so `decode(skip_special_tokens=True)` drops them either way), but transformers' `all_special_tokens` and
+        `all_special_ids` list only the config files' tokens; 5.x reads the key as its `extra_special_tokens`, and
+        4.x, whose `extra_special_tokens` is a dict of named tokens, reads it as it is."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         extra = self.extra_special_tokens()
