@@ -7,11 +7,12 @@ from data_helpers import write_tokens
 from pretrain_cli import cli
 
 
-def _check(tmp_path, capsys, n_docs: int, seq_len: int, *argv) -> tuple[int, list[str]]:
+def _check(tmp_path, capsys, n_docs: int, seq_len: int, *argv, input_dir=None) -> tuple[int, list[str]]:
     """`check` of a run that trains, evaluates (2 batches of 1 a data rank) and predicts (10 x as many batches) on
-    `n_docs` documents of 64 tokens."""
+    `n_docs` documents of 64 tokens (or on `input_dir`)."""
     data = tmp_path / "data"
-    prefix = str(data) if (data.with_suffix(".bin")).exists() else write_tokens(data, n_docs=n_docs, doc_len=64)
+    prefix = input_dir or (str(data) if (data.with_suffix(".bin")).exists() else
+                           write_tokens(data, n_docs=n_docs, doc_len=64))
     (tmp_path / "run.json").write_text(json.dumps({
         "model_name_or_path": "micro-llama", "input_dir": prefix, "output_dir": str(tmp_path / "out"),
         "device": "cpu", "do_train": True, "do_eval": True, "do_predict": True, "max_steps": 10,
@@ -52,3 +53,20 @@ def test_the_split_named_gives_each_split_the_samples_the_run_reads_when_a_tenth
     code, lines = _check(tmp_path, capsys, 400, 16, "--world_size", "2", "--split", _suggested(lines))
     assert code == 0 and lines[-1].startswith("check: OK"), lines
     assert not [line for line in lines if "repeats samples" in line], lines
+
+
+def test_the_split_named_for_a_blend_fixes_every_source_at_once(tmp_path, capsys):
+    """400 documents of 64 tokens blended with 30 of 200, in 128-token samples on 8 data ranks: the test split is
+    empty in the first source (1 in 1,000 of 400 documents) and one document in the second. The value named gives
+    every source's valid and test split a sample (it was 943,50,7, judged on the first source only: the next check
+    stopped at the second's test split, empty: 7 in 1,000 of its 30 documents), and `check` with it passes."""
+    a = write_tokens(tmp_path / "a", n_docs=400, doc_len=64)
+    b = write_tokens(tmp_path / "b", n_docs=30, doc_len=200)
+    blend = f"1 {a} 1 {b}"
+    code, lines = _check(tmp_path, capsys, 0, 128, "--world_size", "8", input_dir=blend)
+    assert code == 2
+    assert lines[-1].endswith('set split: "933,50,17" (every source\'s valid split would then hold at least 3 samples '
+                              'and its test split at least 1 sample; the run reads 16 valid and 160 test samples, so '
+                              'evaluation repeats them), or turn off do_predict'), lines
+    code, lines = _check(tmp_path, capsys, 0, 128, "--world_size", "8", "--split", _suggested(lines), input_dir=blend)
+    assert code == 0 and lines[-1].startswith("check: OK"), lines

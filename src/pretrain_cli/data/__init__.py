@@ -143,13 +143,13 @@ def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode
 
             tokenizer = load_tokenizer(tokenizer)
         special = special_ids(tokenizer, getattr(tokenizer, "path", "tokenizer"))
-    sources = []
-    for weight, prefix in parse_input_dir(input_dir):
-        src = open_token_file(prefix, key="input_dir")
+    sources, opened = [], [(weight, open_token_file(prefix, key="input_dir"))
+                           for weight, prefix in parse_input_dir(input_dir)]
+    for weight, src in opened:
         if vocab_size is not None:
             check_token_ids(src, vocab_size, fix=_vocabulary_fix(src, tokenizer))
         splits = split_datasets(src, split, max_seq_length, seed, sample_mode, need, special, data_cache,
-                                document_mask, reset_position_ids, split_text)
+                                document_mask, reset_position_ids, split_text, [s for _, s in opened])
         weight = float(src.num_tokens) if weight is None else weight  # a directory's files: by size
         sources.append({"prefix": src.prefix, "weight": weight, "dataset": src, "splits": splits})
     check_tokenizer([s["prefix"] for s in sources], tokenizer)
