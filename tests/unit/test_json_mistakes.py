@@ -134,3 +134,11 @@ def test_a_prompt_jsonl_line_may_hold_unicode_line_separators(tmp_path):
     path.write_text('{"prompt": "one\u2028two"}\r\n{"prompt": "three\x85four\u2029"}\n', encoding="utf-8")
     assert _prompts(argparse.Namespace(prompt=None, prompt_file=str(path))) == [
         (f"{path}:1", "one\u2028two"), (f"{path}:2", "three\x85four\u2029")]
+
+
+def test_an_argument_file_nested_past_the_recursion_limit_is_one_line(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text("[" * 100000)
+    with pytest.raises(UserError) as e:
+        read_argument_file(str(path))
+    assert str(e.value) == f"{path}: nested deeper than a JSON reader follows; the argument file is one object of keys"

@@ -130,6 +130,9 @@ def load_json(path: str) -> dict:
         obj = json.loads(text, object_pairs_hook=_no_repeated_keys(path))
     except json.JSONDecodeError as e:
         raise UserError(f"{path}:{explain(e)}") from None
+    except RecursionError:
+        raise UserError(f"{path}: nested deeper than a JSON reader follows; the argument file is one object of "
+                        f"keys") from None
     if not isinstance(obj, dict):
         raise UserError(f"{path}: the argument file must hold a JSON object {{\"key\": value, ...}}, got "
                         f"{type(obj).__name__}")
