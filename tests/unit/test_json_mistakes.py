@@ -142,3 +142,27 @@ def test_an_argument_file_nested_past_the_recursion_limit_is_one_line(tmp_path):
     with pytest.raises(UserError) as e:
         read_argument_file(str(path))
     assert str(e.value) == f"{path}: nested deeper than a JSON reader follows; the argument file is one object of keys"
+
+
+@pytest.mark.parametrize("content,said", [
+    (b'{"model_type": "llama", "name": "caf\xe9"}', " byte 36 is not UTF-8 (invalid continuation byte); save the "
+                                                   "file as UTF-8"),
+    (b"[" * 100000, " nested deeper than a JSON reader follows; a model config is one object of keys"),
+    (b'["llama"]', " must hold a JSON object"),
+])
+def test_a_model_directory_read_by_model_config_from_file_says_it_in_one_line(tmp_path, content, said):
+    """`ModelConfig.from_file` (eval's and generate's model directory, a checkpoint's config.json) as
+    `orchestration.opened` reads model_name_or_path's: a UnicodeDecodeError, RecursionError or TypeError ended
+    in a traceback."""
+    (tmp_path / "config.json").write_bytes(content)
+    with pytest.raises(UserError) as e:
+        ModelConfig.from_file(str(tmp_path))
+    assert str(e.value) == f"{tmp_path / 'config.json'}:{said}"
+
+
+def test_a_generation_config_nested_past_the_recursion_limit_is_one_line(tmp_path):
+    (tmp_path / "generation_config.json").write_text("[" * 100000)
+    with pytest.raises(UserError) as e:
+        read_generation(str(tmp_path))
+    assert str(e.value) == f"{tmp_path / 'generation_config.json'}: nested deeper than a JSON reader follows; fix or " \
+                           f"remove it"

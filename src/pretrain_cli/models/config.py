@@ -205,11 +205,20 @@ class ModelConfig:
             path = os.path.join(path, "config.json")
         if not os.path.isfile(path):
             raise UserError(f"{path}: not found; pass a directory with an HF config.json or a preset name")
-        try:
+        try:  # (utf-8, not utf-8-sig, as transformers reads it: `explain` names a byte-order mark)
             with open(path, encoding="utf-8") as f:
                 d = json.load(f)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}:{explain(e)}") from None
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path}: byte {e.start} is not UTF-8 ({e.reason}); save the file as UTF-8") from None
+        except RecursionError:
+            raise UserError(f"{path}: nested deeper than a JSON reader follows; a model config is one object of "
+                            f"keys") from None
+        except OSError as e:
+            raise UserError(f"{path}: not a readable JSON model config ({e})") from None
+        if not isinstance(d, dict):
+            raise UserError(f"{path}: must hold a JSON object")
         cfg = cls.from_dict(d, source=path, pretrained=pretrained)
         cfg.generation = read_generation(os.path.dirname(path))
         return cfg
@@ -359,6 +368,8 @@ def read_generation(model_dir) -> dict:
         raise UserError(f"{path}:{explain(e)}; fix or remove the file") from None
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: not a readable JSON object ({e}); fix or remove it") from None
+    except RecursionError:
+        raise UserError(f"{path}: nested deeper than a JSON reader follows; fix or remove it") from None
     if not isinstance(gen, dict):
         raise UserError(f"{path}: must hold a JSON object; fix or remove it")
     return gen
