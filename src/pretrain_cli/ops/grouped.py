@@ -96,15 +96,21 @@ def autocast_half():
     return paddle.bfloat16 if paddle.amp.get_autocast_dtype() == "bfloat16" else paddle.float16
 
 
+def batched_gemm_runs(dtype: str) -> bool:
+    """Whether a GPU's experts compute in `batched_gemm`, each expert's rows as they are, in compute dtype `dtype`
+    ("float32", "bfloat16", "float16"): its kernel is registered for fp32 and bf16 only, so an fp16 run (V100, T4)
+    takes `grouped_mlp_cpu`'s padded or segment path. One rule for `grouped_mlp_gpu` and for `plan`
+    (`planning.experts.padded_rows`), so the rows planned are the rows run."""
+    return dtype in ("float32", "bfloat16")
+
+
 def grouped_mlp_gpu(x, counts, weights, swiglu_packed, fp16_path=None):
     """`fp16_path`: the path an fp16 run takes instead, `grouped_mlp_cpu` unless given (`local_kernels._same_graph`
     passes the padded one, whose calls do not depend on the counts)."""
-    import paddle
-
     half = autocast_half()
     if half is not None and x.dtype != half:  # O1: x came fp32 out of the promoted norm (module docstring)
         return grouped_mlp_gpu(x.astype(half), counts, weights, swiglu_packed, fp16_path).astype(x.dtype)
-    if x.dtype == paddle.float16:  # batched_gemm's kernel has fp32 and bf16 only
+    if not batched_gemm_runs(str(x.dtype).removeprefix("paddle.")):  # fp16: batched_gemm has no kernel for it
         return (fp16_path or grouped_mlp_cpu)(x, counts, weights, swiglu_packed)
     from pretrain_cli.ops.grouped_gemm_layer import BatchedGemm, stacked_gemm
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from pretrain_cli.models.flops import experts, param_counts
-from pretrain_cli.ops.grouped import PAD_WASTE
+from pretrain_cli.ops.grouped import PAD_WASTE, batched_gemm_runs
 from pretrain_cli.run_config import MoeConfig
 
 # Bytes per routed token-expert pair beside the expert's own tensors: the int64 sort order, the token indices its
@@ -93,7 +93,13 @@ def capacity_words(factor: float, tokens: int, top_k: int, num_experts: int) -> 
     assigned = tokens * top_k
     return (f"capacity_factor {factor:g}: an expert computes at most {cap:,} of a micro-batch's "
             f"{assigned:,} assignments ({tokens:,} tokens x top-{top_k}; "
-            f"{assigned / num_experts:,.4g} each at balance), the rest dropped (evaluation is dropless)")
+            f"{assignments(assigned / num_experts)} each at balance), the rest dropped (evaluation is dropless)")
+
+
+def assignments(n: float) -> str:
+    """A count of assignments an expert computes, in full with thousands separators (16,384, not `:.4g`'s
+    1.638e+04), to a tenth where the balanced share is not whole (top-2 of 64 experts at 16 tokens: 0.5)."""
+    return f"{n:,.0f}" if n == round(n) else f"{n:,.1f}"
 
 
 def capacity_plan(s, max_seq_length: int) -> dict:
@@ -112,27 +118,31 @@ def capacity_plan(s, max_seq_length: int) -> dict:
 
 
 def padded_rows(s) -> float:
-    """Rows the experts' GEMMs run per routed assignment. A GPU's grouped GEMM runs the segments as they are (1); the
-    CPU's (`ops.grouped.grouped_mlp_cpu`) pads every expert to the busiest one's rows while that wastes at most
-    `PAD_WASTE`, else runs the segments (1); under the semi-auto engine it always pads (one graph on every rank:
-    `distributed.steps.local_kernels._same_graph`). The busiest of E experts holding m rows on average under
-    balanced routing (each copy to an expert at random): m + √(2·m·ln E), so 1 + √(2·ln E / m) per row: 1.25 at
-    m = 64 and E = 8, 1.13 at m = 256 (measured: 1.20, 1.10). Under expert parallelism a rank's E/ep experts take
-    the group's rows. Under `capacity_factor` each expert runs at most its capacity, r = `capacity_ratio` of the
-    mean: the segments min(1, r) rows, the padded path min(pad, r), which pads where it wastes at most `PAD_WASTE`
-    of those kept (`grouped_mlp_cpu` compares with the kept counts): at factor 1 and m = 64, E = 8 the GEMMs run 1
-    row per assignment, not 1.25."""
+    """Rows the experts' GEMMs run per routed assignment. A GPU's grouped GEMM, in fp32 or bf16, runs the segments
+    as they are (1); in fp16 (V100, T4) it has no kernel, and a GPU takes the CPU's path (`ops.grouped.
+    batched_gemm_runs`, the rule `grouped_mlp_gpu` follows). The CPU's path (`ops.grouped.grouped_mlp_cpu`) pads
+    every expert to the busiest one's rows while that wastes at most `PAD_WASTE`, else runs the segments (1); under
+    the semi-auto engine it always pads (one graph on every rank: `distributed.steps.local_kernels._same_graph`).
+    The busiest of E experts holding m rows on average under balanced routing (each copy to an expert at random):
+    m + √(2·m·ln E), so 1 + √(2·ln E / m) per row: 1.25 at m = 64 and E = 8, 1.13 at m = 256 (measured: 1.20,
+    1.10). Under expert parallelism a rank's E/ep experts take the group's rows. Under `capacity_factor` each expert
+    runs at most its capacity, r = `capacity_ratio` of the mean: the segments min(1, r) rows; the padded path, which
+    pads where it wastes at most `PAD_WASTE` of those kept (`grouped_mlp_cpu` compares with the kept counts), r rows
+    where r is within that (an untrained router's busiest expert reaches its capacity: measured on CPU, tiny
+    qwen3-moe at factor 1.25, cut at it in 11 of 12 layers; 1 % under the measured peak planned at balance), else
+    min(busiest, r)."""
     e = experts(s.model)
     if e is None:
         return 1.0
     ratio, kept = capacity_ratio(s), kept_share(s)
-    if s.device != "cpu":
+    if s.device != "cpu" and batched_gemm_runs(s.amp_dtype or "float32"):
         return kept
     local = max(e.routed // max(s.ep, 1), 1)
     mean = s.micro_batch * s.seq_len * e.top_k / local  # rows an expert of this rank runs, on average
     if local < 2 or mean <= 0:
         return kept
-    pad = min(1 + math.sqrt(2 * math.log(local) / mean), ratio)  # the busiest expert's rows, cut at the capacity
+    busiest = 1 + math.sqrt(2 * math.log(local) / mean)  # at balance, dropless
+    pad = ratio if ratio <= PAD_WASTE * kept else min(busiest, ratio)  # a capacity it pads to: filled
     return pad if pad <= PAD_WASTE * kept or s.distributed_tensors else kept  # the semi-auto engine always pads
 
 

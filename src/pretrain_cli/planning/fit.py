@@ -53,9 +53,9 @@ def search(current: dict, base: Plan, replan, budget_gib: float, fewest_first: b
     than "best" and over the budget, why it is not the answer (`faster_over_budget`; not under `fewest_first`).
     "skipped": the candidates not planned, as no plan of them can fit or be the smallest: a larger micro-batch of a
     layout already over the budget (`grows_with_micro_batch`), and every candidate of a split whose state alone is
-    over the budget and over the least memory planned so far (`state_floor`). DeepSeek-V3 at 4,096 tokens on 224 H100 (--fit, O1 and O2
-    searched): 8.5 s of CPU, 128 s with the micro-batch skip alone (docs/PLAN.md); the same pick
-    (tests/unit/test_plan_fit_pruning.py).
+    over the budget and over the least memory planned so far (`state_floor`). DeepSeek-V3 at 4,096 tokens on 224
+    H100 (--fit, O1 and O2 searched): 8.5 s of CPU, 128 s with the micro-batch skip alone (docs/PLAN.md); the same
+    pick (tests/unit/test_plan_fit_pruning.py).
     """
     seen: dict[tuple, dict] = {}
     tried = skipped = 0
@@ -172,8 +172,10 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
     with the line saying where the model's state alone exceeds the machines planned (`suggestions.machine_too_small`).
 
     `base` is the plan every candidate starts from, `as_written` the file's own (the "before"); `carried` is
-    (key, old, new) for the changes every candidate already has (fp16 where the device has no bf16); `on_node`: the
-    plans with fewer processes a machine (`machines.fewer_a_machine`), searched on cpu where no count fits."""
+    (key, old, new) for the changes every candidate already has (fp16 where the device has no bf16), the head of the
+    chosen layout's diff and of "faster"'s (`faster_over_budget`, said where it is not the file as written on the
+    device); `on_node`: the plans with fewer processes a machine (`machines.fewer_a_machine`), searched on cpu where
+    no count fits."""
     notes, replan = list(notes or []), remembered(replan)
     by_speed = base.device.peak_tflops is not None
     if not by_speed:
@@ -199,9 +201,12 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
                           "speed": best["speed"], "bound": traffic_bound(best["report"], best["speed"])},
                    change={**{k: v for k, _, v in carried}, **change},
                    diff=list(carried) + diff(current, change), eval=evaluation or None)
-        if (over := found["faster"]) is not None:  # why not the fastest: its need against the budget
-            out["faster"] = {"diff": diff(current, over["change"]), "least_gib": over["report"].least_gib,
-                             "speed": over["speed"], "on_device": over["on_device"]}
+        over = found["faster"]  # why not the fastest: its need against the budget, its keys as the answer's are
+        moved = list(carried) + diff(current, over["change"]) if over is not None else []
+        if over is not None and (moved or not over["on_device"]):  # (else the file as written, which the over-
+            # budget line already names with its need: `fit_report.format_fit`)
+            out["faster"] = {"diff": moved, "least_gib": over["report"].least_gib, "speed": over["speed"],
+                             "on_device": over["on_device"]}
         return out
     if small is not None:
         out["smallest"] = {"change": small["change"], "diff": diff(current, small["change"]),

@@ -79,7 +79,10 @@ def format_fit(f: dict) -> str:
     if not f["diff"]:
         lines.append(f"  no change: the file is already the fastest layout that fits ({before})"
                      + _run_time(f, f["before"]["speed"]))
-        return "\n".join(lines + (["  changes (old -> new), from the command line:", *given] if given else []))
+        lines += ["  changes (old -> new), from the command line:", *given] if given else []
+        if f.get("faster"):  # (as --json's "faster" says it)
+            lines.append(_faster_line(f["faster"], f["budget_gib"], dev["memory_gib"]))
+        return "\n".join(lines)
     lines.append("  changes (old -> new):")
     lines += [f"    {k}: {json_value(old)} -> {json_value(new)}" for k, old, new in f["diff"]] + given
     lines.append(f"  memory per device: {_gib(f['before']['memory_gib'])} -> {_gib(f['after']['memory_gib'])} "
@@ -109,7 +112,8 @@ def format_fit(f: dict) -> str:
 def _faster_line(x: dict, budget: float, device_gib: float) -> str:
     """Why not a faster layout (`fit.faster_over_budget`): the fastest planned within the device's memory, else the
     leanest faster one, its keys, speed, and need (step, start-up or an evaluation of 1, what the search compares)
-    against the budget."""
+    against the budget. `fit.fit` gives none where it is the file as written on the device: the over-budget line
+    ("as written the file fits the device but needs ...") says that already."""
     change = ", ".join(f"{k} {json_value(v)}" for k, _, v in x["diff"]) or "the file's layout"
     which = (f"the fastest layout planned within the device's {_gib(device_gib)}" if x["on_device"] else
              f"every faster layout planned needs more than the device's {_gib(device_gib)}; the leanest")

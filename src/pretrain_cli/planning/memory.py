@@ -36,6 +36,7 @@ class Setup:
     seq_len: int
     compute_bytes: int = 4  # 2 under fp16/bf16 autocast or O2, 4 for fp32
     amp_level: str | None = None  # None (fp32), "O1", "O2"
+    amp_dtype: str | None = None  # "bfloat16", "float16" (autocast or O2), None (fp32): `experts.padded_rows`
     master_grad: bool = False  # O2 + amp_master_grad: fp32 gradients
     sharding_stage: int = 0
     sharding_degree: int = 1

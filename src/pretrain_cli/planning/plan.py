@@ -116,7 +116,7 @@ def _setup(run: RunConfig, model_cfg, gpu: bool, baseline_bytes: float) -> Setup
     prec, p, k = run.precision, run.parallel, run.kernels
     return Setup(
         model=model_cfg, micro_batch=run.loop.micro_batch, seq_len=run.data.max_seq_length // p.cp_degree,
-        compute_bytes=prec.compute_bytes, amp_level=prec.level if prec.enabled else None,
+        compute_bytes=prec.compute_bytes, amp_level=prec.level if prec.enabled else None, amp_dtype=prec.amp_dtype,
         master_grad=prec.master_grad, sharding_stage=p.sharding_stage,
         sharding_degree=p.sharding_degree * (p.cp_degree if p.sharding_stage else 1),  # ZeRO-1 under CP: cp x sharding
         tp=p.tp_degree, vocab_parallel=p.vocab_parallel, recompute=run.recompute_granularity,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pretrain_cli.counts import count
 from pretrain_cli.planning import hardware, layout
 from pretrain_cli.planning.eta import TRAFFIC_NAMES, eta_lines
+from pretrain_cli.planning.experts import assignments
 from pretrain_cli.planning.hardware import Links
 
 
@@ -264,9 +265,9 @@ def format_report(r: Plan) -> str:
                      + (f", 1/{par.ep} on each rank (expert parallelism)" if par.ep > 1 else ""))
     if r.capacity:  # what a micro-batch's experts compute, as the run's experts line says it, and what is planned
         c = r.capacity
-        kept = ("its balanced share (balanced routing" + (", under the capacity)" if c["capacity_factor"] else ")")
+        kept = ("its balanced share (balanced routing" + (", within the capacity)" if c["capacity_factor"] else ")")
                 if c["kept_share"] >= 1 else f"the capacity, {c['kept_share']:.0%} of its balanced share")
-        lines.append(f"  capacity: {c['words']}; memory and time plan {c['per_expert']:,.4g} assignments a "
+        lines.append(f"  capacity: {c['words']}; memory and time plan {assignments(c['per_expert'])} assignments a "
                      f"micro-batch per expert, {kept}")
     if r.mtp:  # DeepSeek-V3's multi-token prediction modules: trained and checkpointed, outside the total
         t = r.mtp
