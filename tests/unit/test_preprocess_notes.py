@@ -4,13 +4,14 @@ said only by inspect-data's 'documents ending in EOS: 0.0%'. And the --help that
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
 from data_helpers import make_texts, make_tokenizer, run_preprocess, write_jsonl
 from pretrain_cli.commands import preprocess, train_tokenizer
-from pretrain_cli.data import readers
-from pretrain_cli.data.documents import DocumentReader
+from pretrain_cli.data import documents, readers
+from pretrain_cli.data.documents import DocumentReader, paragraph_note
 from pretrain_cli.data.indexed import open_token_file
 from pretrain_cli.errors import UserError
 
@@ -54,18 +55,55 @@ def test_a_txt_file_of_one_document_per_line_is_said_while_it_is_read(tmp_path, 
 
 
 def test_each_file_is_said_once_and_the_first_three_by_name(tmp_path, tok_dir, capsys):
-    """Two long paragraphs in one file: one note, at the first. Four such files: three named, then a count after
-    the summary."""
+    """Two long paragraphs in one file: one note, at the first. Three such files: three named, no word of further
+    ones (there are none). Five: the fourth named with that suffix, then a count after the summary."""
     lines = make_texts(1000, seed=4)
-    for name in "abcd":
-        (tmp_path / "in").mkdir(exist_ok=True)
+    (tmp_path / "in").mkdir()
+    for name in "abcde":
         (tmp_path / "in" / f"{name}.txt").write_text(("\n".join(lines) + "\n\n") * (2 if name == "a" else 1))
-    err = _run(capsys, tok_dir, tmp_path / "four", tmp_path / "in")
     named = [_long(f"{tmp_path / 'in' / n}.txt:1") for n in "abc"]
-    named[2] = named[2].replace("one document:", "one document (further such files are not named):")
-    assert err == [*named, f"preprocess: note: 4 .txt files held a paragraph of 1,000 lines and more (the first 3 "
-                           f"named above): {RULE}"], err
-    assert open_token_file(tmp_path / "four").num_documents == 5
+    err = _run(capsys, tok_dir, tmp_path / "three", *[tmp_path / "in" / f"{n}.txt" for n in "abc"])
+    assert err == named, err
+    err = _run(capsys, tok_dir, tmp_path / "five", tmp_path / "in")
+    assert err == [*named, _FOURTH.format(tmp_path / "in" / "d.txt"), f"preprocess: note: 5 .txt files held a "
+                   f"paragraph of 1,000 lines and more (the first 4 named above): {RULE}"], err
+    assert open_token_file(tmp_path / "five").num_documents == 6
+
+
+_FOURTH = ("note: {}:1: also a paragraph of 1,000 lines and more with no blank line (further such files are not "
+           "named)")
+
+
+def test_a_resumed_reader_goes_on_counting_long_paragraph_files(tmp_path):
+    """The count is among the counters a resumed preprocess restores: the files after the resume are the fourth
+    and fifth, not named as the first and second."""
+    lines = make_texts(1000, seed=5)
+    paths = []
+    for name in "abcde":
+        paths.append(tmp_path / f"{name}.txt")
+        paths[-1].write_text("\n".join(lines) + "\n")
+    first = DocumentReader(paths[:3], note=lambda line: None)
+    assert len(list(first)) == 3
+    notes: list[str] = []
+    resumed = DocumentReader(paths[3:], note=notes.append)
+    resumed.restore(first.counters())
+    assert len(list(resumed)) == 2 and notes == [_FOURTH.format(paths[3])], notes
+    assert paragraph_note(resumed).startswith("note: 5 .txt files held a paragraph"), paragraph_note(resumed)
+
+
+def test_the_note_comes_before_the_line_after_the_thousandth_is_read(tmp_path):
+    """The reader is told at the 1,000th line of a paragraph, before it asks for the 1,001st: a file object that
+    stops the reading there finds the note given."""
+    notes: list[str] = []
+    reader = readers.FileReader(tmp_path / "lines.txt", "text", None, None, notes.append)
+
+    def lines():
+        for i in range(1000):
+            yield b"line %d\n" % i
+        raise RuntimeError(f"the 1,001st line read; notes so far: {notes}")
+
+    with pytest.raises(RuntimeError, match=r"notes so far: \['.*lines.txt:1'\]"):
+        list(reader._paragraphs(lines()))
 
 
 def test_txt_files_whose_blank_lines_separate_documents_get_no_note(tmp_path, tok_dir, capsys):
@@ -82,11 +120,13 @@ def test_txt_files_whose_blank_lines_separate_documents_get_no_note(tmp_path, to
     assert err == [] and open_token_file(tmp_path / "c").num_documents == 10 + 30 + 1 + 20 + 90
 
 
-def test_a_paragraph_past_the_bound_is_bad_input(tmp_path, monkeypatch):
+def test_a_paragraph_past_the_bound_is_bad_input(tmp_path, tok_dir, capsys, monkeypatch):
     """A paragraph past PARAGRAPH_BYTES (here 1 MiB) is one line naming the file, the paragraph's first line and what
-    to do; with --skip_bad_lines it is skipped (its lines to the next blank line) and counted, and the file's other
-    paragraphs are read."""
+    to do; with --skip_bad_lines it is skipped (its lines to the next blank line), counted as what it is, a
+    paragraph of so many lines and bytes (not '1 bad line': it may be a whole file), and said with its size, in the
+    warning, preprocess's summary and its sidecar; the file's other paragraphs are read."""
     monkeypatch.setattr(readers, "PARAGRAPH_BYTES", 1 << 20)
+    monkeypatch.setattr(documents, "PARAGRAPH_BYTES", 1 << 20)
     line = "x" * 99 + "\n"
     (tmp_path / "big.txt").write_text("first\n\n" + line * 11000 + "\nlast\n")
     with pytest.raises(UserError) as e:
@@ -96,9 +136,18 @@ def test_a_paragraph_past_the_bound_is_bad_input(tmp_path, monkeypatch):
                             f"--skip_bad_lines"), str(e.value)
     notes: list[str] = []
     reader = DocumentReader([tmp_path / "big.txt"], skip_bad_lines=True, note=notes.append)
-    assert list(reader) == ["first", "last"] and reader.bad_lines == 1
-    assert notes == [_long(f"{tmp_path / 'big.txt'}:3"), f"warning: skipped {tmp_path / 'big.txt'}:3: a paragraph "
-                     f"(one document) of more than 1 MiB with no blank line"], notes
+    assert list(reader) == ["first", "last"] and reader.bad_lines == 0 and reader.dropped_paragraphs == 1
+    skipped = (f"warning: skipped {tmp_path / 'big.txt'}:3: a paragraph (one document) of 11,000 lines / 1.1 MB "
+               f"with no blank line, past the 1 MiB bound")
+    assert notes == [_long(f"{tmp_path / 'big.txt'}:3"), skipped], notes
+    capsys.readouterr()
+    assert run_preprocess("--input_path", tmp_path / "big.txt", "--output_prefix", tmp_path / "big", "--tokenizer",
+                          tok_dir, "--append_eos", "--skip_bad_lines", "--log_interval", "0") == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == notes, err
+    assert ", 0 bad lines skipped, 1 paragraph of 11,000 lines / 1.1 MB skipped, " in out, out
+    sidecar = json.loads((tmp_path / "big.json").read_text())
+    assert sidecar["skipped_long_paragraphs"] == 1 and sidecar["skipped_bad_lines"] == 0, sidecar
 
 
 def test_without_append_eos_one_note_says_what_it_costs(tmp_path, tok_dir, capsys):

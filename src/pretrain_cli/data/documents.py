@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from pretrain_cli.data.indexed import SIDECAR_FORMAT
-from pretrain_cli.data.readers import LONG_PARAGRAPH_LINES, FileReader, count_records, kind
+from pretrain_cli.data.readers import LONG_PARAGRAPH_LINES, PARAGRAPH_BYTES, FileReader, count_records, kind
 from pretrain_cli.data.tasks import PROGRESS_FORMAT
 from pretrain_cli.errors import UserError
 
@@ -21,7 +21,7 @@ BATCH_DOCS, BATCH_BYTES = 256, 1 << 20
 _REPORTED_BAD_LINES = 10
 _RECORD_BYTES = 1 << 20  # a sidecar or progress record is far smaller; larger .json files are not parsed twice
 INPUTS = ".jsonl/.json/.txt (plain, .gz, .zst, .bz2, .xz) or .parquet"
-_NAMED_LONG_PARAGRAPHS = 3  # .txt files whose long paragraph is named as it is read; further ones are counted
+_NAMED_LONG_PARAGRAPHS = 3  # .txt files whose long paragraph is named as it is read; a 4th says further ones are not
 _TXT_RULE = ("a .txt file's documents are separated by blank lines, not by line ends; if each line is a document, put "
              "a blank line between documents or write them as .jsonl (one {\"text\": ...} object per line)")
 
@@ -96,8 +96,9 @@ def count_documents(paths) -> int:
 
 
 class DocumentReader:
-    """Streams document texts file by file; counts documents, empty ones, skipped bad lines and corrupt
-    parts (a compressed file's unreadable tail, a Parquet row group) and decompressed bytes."""
+    """Streams document texts file by file; counts documents, empty ones, skipped bad lines, corrupt parts (a
+    compressed file's unreadable tail, a Parquet row group) and .txt paragraphs past `PARAGRAPH_BYTES` (with their
+    lines and bytes: one such paragraph may be a whole file, not one bad line) and decompressed bytes."""
 
     def __init__(self, paths, json_key: str = "text", skip_bad_lines: bool = False, max_docs: int | None = None,
                  files=None, exclude=None, note=None):
@@ -107,16 +108,21 @@ class DocumentReader:
                                           else list_input_files(paths, exclude, self.note))
         self.json_key, self.skip_bad_lines, self.max_docs = json_key, skip_bad_lines, max_docs
         self.documents = self.empty = self.bad_lines = self.bad_parts = self.bytes = 0
+        self.dropped_paragraphs = self.dropped_paragraph_lines = self.dropped_paragraph_bytes = 0
         self._disk_done, self._current = 0, None  # the finished files' bytes on disk; the file being read
         self.files_read = 0  # files opened by `read` (--max_doc_num stops before the rest)
         self.long_paragraph_files = 0  # .txt files with a paragraph of LONG_PARAGRAPH_LINES lines (`paragraph_note`)
 
+    _COUNTERS = ("documents", "empty", "bad_lines", "bad_parts", "bytes", "long_paragraph_files",
+                 "dropped_paragraphs", "dropped_paragraph_lines", "dropped_paragraph_bytes")
+
     def counters(self) -> dict:
-        return {"documents": self.documents, "empty": self.empty, "bad_lines": self.bad_lines,
-                "bad_parts": self.bad_parts, "bytes": self.bytes}
+        """What a resumed preprocess restores: the notes and warnings go on counting from where the files read left
+        them (a fourth long-paragraph file is counted as the fourth, not named as the first)."""
+        return {k: getattr(self, k) for k in self._COUNTERS}
 
     def restore(self, counters: dict) -> None:
-        for k in ("documents", "empty", "bad_lines", "bad_parts", "bytes"):
+        for k in self._COUNTERS:
             setattr(self, k, int(counters.get(k, 0)))
 
     def _bad(self, where: str, problem: str, fix: str, part: bool = False) -> None:
@@ -126,10 +132,36 @@ class DocumentReader:
             self.bad_parts += 1
         else:
             self.bad_lines += 1
-        n = self.bad_lines + self.bad_parts
+        self._warn(where, problem)
+
+    def _warn(self, where: str, problem: str) -> None:
+        n = self.bad_lines + self.bad_parts + self.dropped_paragraphs
         if n <= _REPORTED_BAD_LINES:  # never silent: name the first few, count all
             more = " (further skipped lines are only counted)" if n == _REPORTED_BAD_LINES else ""
             self.note(f"warning: skipped {where}: {problem}{more}")
+
+    def _oversized(self, where: str, size: tuple[int, int] | None) -> None:
+        """A .txt paragraph past PARAGRAPH_BYTES: an error as it passes the bound; skipped, counted with its lines and
+        bytes where it ends (said then, with its size)."""
+        bound = f"{PARAGRAPH_BYTES >> 20} MiB"
+        if size is None:
+            if not self.skip_bad_lines:
+                raise UserError(f"{where}: a paragraph (one document) of more than {bound} with no blank line; put "
+                                f"blank lines between documents (or write them as .jsonl) or pass --skip_bad_lines")
+            return
+        self.dropped_paragraphs += 1
+        self.dropped_paragraph_lines += size[0]
+        self.dropped_paragraph_bytes += size[1]
+        self._warn(where, f"a paragraph (one document) of {size[0]:,} lines / {size[1] / 1e6:,.1f} MB with no blank "
+                          f"line, past the {bound} bound")
+
+    def dropped_note(self) -> str:
+        """The summary's words for the dropped paragraphs ('' if none): '1 paragraph of 645,000 lines / 70.0 MB'."""
+        n = self.dropped_paragraphs
+        if not n:
+            return ""
+        return (f"{n:,} paragraph{'s' if n != 1 else ''} of {self.dropped_paragraph_lines:,} lines / "
+                f"{self.dropped_paragraph_bytes / 1e6:,.1f} MB")
 
     def _long_paragraph(self, where: str) -> None:
         """A .txt file's paragraph reached LONG_PARAGRAPH_LINES lines: said now, while it is read, not after the run
@@ -137,9 +169,11 @@ class DocumentReader:
         self.long_paragraph_files += 1
         n = self.long_paragraph_files
         if n <= _NAMED_LONG_PARAGRAPHS:
-            more = " (further such files are not named)" if n == _NAMED_LONG_PARAGRAPHS else ""
             self.note(f"note: {where}: a paragraph of {LONG_PARAGRAPH_LINES:,} lines and more with no blank line, one "
-                      f"document{more}: {_TXT_RULE}")
+                      f"document: {_TXT_RULE}")
+        elif n == _NAMED_LONG_PARAGRAPHS + 1:
+            self.note(f"note: {where}: also a paragraph of {LONG_PARAGRAPH_LINES:,} lines and more with no blank line "
+                      f"(further such files are not named)")
 
     @property
     def on_disk(self) -> int:
@@ -149,7 +183,7 @@ class DocumentReader:
 
     def read(self, path: Path):
         """The non-empty documents of one file (until max_docs)."""
-        fr = self._current = FileReader(path, self.json_key, self._bad, self._long_paragraph)
+        fr = self._current = FileReader(path, self.json_key, self._bad, self._oversized, self._long_paragraph)
         self.files_read += 1
         counted = 0
         try:
@@ -188,10 +222,10 @@ def paragraph_note(reader: DocumentReader) -> str | None:
     only .jsonl (and .zst) files, so there is no one-line-a-document mode to match: the notes name the two ways the
     files can say where documents end."""
     n = reader.long_paragraph_files
-    if n <= _NAMED_LONG_PARAGRAPHS:
+    if n <= _NAMED_LONG_PARAGRAPHS + 1:
         return None
     return (f"note: {n} .txt files held a paragraph of {LONG_PARAGRAPH_LINES:,} lines and more (the first "
-            f"{_NAMED_LONG_PARAGRAPHS} named above): {_TXT_RULE}")
+            f"{_NAMED_LONG_PARAGRAPHS + 1} named above): {_TXT_RULE}")
 
 
 def batches(texts, max_docs: int = BATCH_DOCS, max_bytes: int = BATCH_BYTES):

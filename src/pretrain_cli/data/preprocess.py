@@ -200,11 +200,13 @@ def _locked(job: Job, prefix: str, files: list, skipped: list, task: str, tok, c
         "input_files": len(files), "num_tasks": job.num_tasks, "task_index": job.task_index,
         "inputs_sha256": inputs_sha, "skipped_bad_lines": reader.bad_lines,
         "skipped_corrupt_parts": reader.bad_parts, "skipped_empty_documents": empty,
+        "skipped_long_paragraphs": reader.dropped_paragraphs,
     }, sort_keys=True)
     tasks.remove_progress(prefix)
     for f in skipped[:5]:
         note(f"preprocess: skipped {f} (not a .jsonl/.json/.txt/.parquet input)")
     corrupt = f", {reader.bad_parts} corrupt parts skipped" if reader.bad_parts else ""
+    corrupt += f", {reader.dropped_note()} skipped" if reader.dropped_paragraphs else ""
     # --max_doc_num takes the first documents in file order: said, with how far into the files that reached
     cap = (f"; --max_doc_num {job.max_doc_num}: the first documents, from {start + reader.files_read} of "
            f"{count(len(files), 'file')}" if reader.exhausted else "")

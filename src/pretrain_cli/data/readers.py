@@ -24,8 +24,9 @@ _PARQUET_BATCH = 1024  # rows decoded at once: bounds memory even for huge row g
 # a .txt paragraph of this many lines is said as it is read (`FileReader.long_paragraph`): documents written one a
 # line with no blank line between them, which would otherwise be held and tokenized as one document unsaid
 LONG_PARAGRAPH_LINES = 1000
-# a .txt paragraph past this many bytes is bad input: one document that large is such a file, not a text, and its
-# reading and tokenizing take some 25 times its size in memory (14 MB of lines: 364 MB peak RSS; as .jsonl 51 MB)
+# a .txt paragraph past this many bytes is bad input: lines run together that far are many documents with no blank
+# line between them, not one text. A .txt rule, not a memory bound (a .jsonl line has none; a 62 MB paragraph
+# peaked at 1,013 MB RSS, ~16x). PaddleNLP's trans_to_json.py splits .txt at blank lines (--doc_spliter), unbounded
 PARAGRAPH_BYTES = 64 << 20
 
 
@@ -116,9 +117,12 @@ class FileReader:
     """Texts of one file; `bytes` counts decompressed bytes read (for MB/s), `on_disk()` how far into the file on
     disk reading is (for a bar against the files' sizes, which need no decompression to know)."""
 
-    def __init__(self, path: Path, json_key: str, bad, long_paragraph=None):
-        """`long_paragraph(where)`: told once, of a .txt file's first paragraph of `LONG_PARAGRAPH_LINES` lines."""
-        self.path, self.json_key, self.bad = path, json_key, bad
+    def __init__(self, path: Path, json_key: str, bad, oversized, long_paragraph=None):
+        """`oversized(where, size)`: a .txt paragraph past `PARAGRAPH_BYTES`, told as it passes the bound (`size`
+        None: the caller may stop there) and, unless it stopped, where it ends (`size` (lines, bytes): what is
+        dropped, which may be a whole file, so not one bad line). `long_paragraph(where)`: told once, of a .txt
+        file's first paragraph of `LONG_PARAGRAPH_LINES` lines."""
+        self.path, self.json_key, self.bad, self.oversized = path, json_key, bad, oversized
         self.long_paragraph = long_paragraph or (lambda where: None)
         self.format, self.compression = kind(path) or (path.suffix, "")
         self.bytes = 0
@@ -186,9 +190,9 @@ class FileReader:
         """One document per blank-line-separated paragraph. Its lines are held until the blank line that ends it, so a
         file of one document a line without blank lines is told (`long_paragraph`) when its paragraph reaches
         `LONG_PARAGRAPH_LINES` lines, before any of it is tokenized, and a paragraph past `PARAGRAPH_BYTES` is bad
-        input (skipped: its lines up to the next blank line are dropped)."""
+        input (`oversized`; skipped: its lines up to the next blank line are dropped, counted and measured)."""
         para = bytearray()
-        start = lines = 0  # the paragraph's first line number and its lines so far
+        start = lines = size = 0  # the paragraph's first line number, its lines and bytes so far
         told = over = False
         for lineno, line in enumerate(f, 1):
             self.bytes += len(line)
@@ -196,6 +200,7 @@ class FileReader:
                 if not lines:
                     start = lineno
                 lines += 1
+                size += len(line)
                 if lines == LONG_PARAGRAPH_LINES and not told:
                     told = True
                     self.long_paragraph(f"{self.path}:{start}")
@@ -203,16 +208,18 @@ class FileReader:
                     para += line
                     if len(para) > PARAGRAPH_BYTES:
                         over, para = True, bytearray()
-                        self.bad(f"{self.path}:{start}", f"a paragraph (one document) of more than "
-                                 f"{PARAGRAPH_BYTES >> 20} MiB with no blank line",
-                                 "put blank lines between documents (or write them as .jsonl)")
+                        self.oversized(f"{self.path}:{start}", None)
                 continue
-            if lines and not over:
+            if over:
+                self.oversized(f"{self.path}:{start}", (lines, size))
+            elif lines:
                 text = self._decode(para, start)
                 if text is not None:
                     yield text
-            para, lines, over = bytearray(), 0, False
-        if lines and not over:
+            para, lines, size, over = bytearray(), 0, 0, False
+        if over:
+            self.oversized(f"{self.path}:{start}", (lines, size))
+        elif lines:
             text = self._decode(para, start)
             if text is not None:
                 yield text

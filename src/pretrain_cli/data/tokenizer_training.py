@@ -236,4 +236,6 @@ def train_tokenizer(ns) -> int:
               file=sys.stderr)
     if reader.bad_lines:
         print(f"train-tokenizer: skipped {reader.bad_lines} bad lines", file=sys.stderr)
+    if reader.dropped_paragraphs:
+        print(f"train-tokenizer: skipped {reader.dropped_note()}", file=sys.stderr)
     return 0
