@@ -42,6 +42,9 @@ MISTAKES = [
     *[(f'{{"seed": {n}}}', "1:10", f"a number JSON cannot read, {n}; {NUMBERS}")
       for n in ("01", "0x10", "1e", "1e-", "12abc", "1.")],
     ('{"output_dir":"x""seed":2}', "1:18", "a missing comma before this entry; put , after the entry before it"),
+    # a number read whole, then the next entry: a missing comma, not a number JSON cannot read
+    ('{"lr":3e-4"seed":1}', "1:11", "a missing comma before this entry; put , after the entry before it"),
+    ('{"split": [1"x"]}', "1:13", "a missing comma before this entry; put , after the entry before it"),
     ('{"output_dir": "say "hi""}', "1:21", 'a double quote inside a string ends it; write \\" for a quote inside a string'),
     ('{, "seed": 1}', "1:2", "a comma before the first entry; remove it"),
     ('{"split": [,949, 50, 1]}', "1:12", "a comma before the first entry; remove it"),
