@@ -4,12 +4,14 @@ Python's `json` names what its parser expected at the point it stopped ("Expecti
 quotes"), which is the same sentence for a `//` comment, a trailing comma and a single-quoted key, and the point is
 often past the cause (a trailing comma is reported at the `}` on the next line). The files users write by hand (an
 argument file, a model's config.json, a prompt .jsonl) are read by one judge so that every one of them names the
-mistake the same way, at the place to edit.
+mistake the same way, at the place to edit: `loads` is that one reader.
 """
 from __future__ import annotations
 
 import json
 import re
+
+from pretrain_cli.errors import UserError
 
 _WORD = re.compile(r"[A-Za-z_][\w.\-]*")
 _PYTHON = {"True": "true", "False": "false", "None": "null"}
@@ -122,3 +124,19 @@ def explain(e: json.JSONDecodeError, first_line: int = 1) -> str:
         return f"{_where(e.doc, e.pos, first_line)}: invalid JSON: {e.msg}"
     pos, what = found
     return f"{_where(e.doc, pos, first_line)}: invalid JSON: {what}"
+
+
+def loads(data: str | bytes, where: str, holds: str, fix: str = "", line: int | None = None, **kw) -> object:
+    """`data` (a file's text, or its bytes, decoded as strict UTF-8: transformers reads config.json so) parsed, or
+    one `UserError` naming `where` (`line`: `data` is that line of the file) and what to do: invalid JSON (`explain`,
+    then `fix`), JSON nested past Python's recursion limit (`'['*100000` is valid JSON; `json` raises
+    RecursionError, then `holds` says what the file should be), bytes that are not UTF-8. `kw`: `json.loads`'s."""
+    at = where if line is None else f"{where}:{line}"
+    try:
+        return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data, **kw)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{where}:{explain(e, line or 1)}{'; ' + fix if fix else ''}") from None
+    except RecursionError:
+        raise UserError(f"{at}: nested deeper than a JSON reader follows; {holds}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{at}: byte {e.start} is not UTF-8 ({e.reason}); save the file as UTF-8") from None

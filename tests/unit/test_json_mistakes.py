@@ -169,3 +169,20 @@ def test_a_generation_config_nested_past_the_recursion_limit_is_one_line(tmp_pat
         read_generation(str(tmp_path))
     assert str(e.value) == f"{tmp_path / 'generation_config.json'}: nested deeper than a JSON reader follows; fix or " \
                            f"remove it"
+
+
+@pytest.mark.parametrize("name,said", [
+    ("prompts.jsonl", ":1: nested deeper than a JSON reader follows; one object per line"),
+    ("run.yaml", ": nested deeper than a YAML reader follows; the argument file is one mapping of keys"),
+])
+def test_a_prompt_file_and_a_yaml_argument_file_nested_past_the_recursion_limit_are_one_line(tmp_path, name, said):
+    """The readers of user files the first guards missed: generate's --prompt_file and a YAML argument file ended in
+    a RecursionError traceback ('['*100000 is valid JSON, and YAML's flow sequence)."""
+    path = tmp_path / name
+    path.write_text("[" * 100000 + "\n")
+    with pytest.raises(UserError) as e:
+        if name.endswith(".jsonl"):
+            _prompts(argparse.Namespace(prompt=None, prompt_file=str(path)))
+        else:
+            read_argument_file(str(path))
+    assert str(e.value) == f"{path}{said}"

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from pretrain_cli.errors import UserError
-from pretrain_cli.json_mistakes import explain
+from pretrain_cli.json_mistakes import loads
 
 # `--key value`: the training keys, applied to the record of the run that wrote --model, or, for a model no run
 # wrote, the kernel keys alone
@@ -92,10 +92,7 @@ def _prompts(ns: argparse.Namespace) -> list[tuple[str, str]]:
             continue
         where = f"{path}:{n}"
         if path.suffix == ".jsonl":
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{explain(e, n)}; one object per line") from None
+            obj = loads(line, str(path), "one object per line", fix="one object per line", line=n)
             text = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else None
             if not isinstance(text, str):
                 raise UserError(f"{where}: needs a \"prompt\" (or \"text\") string")

@@ -20,7 +20,7 @@ from pretrain_cli.config.paddleformers_keys import PIPELINE, pipeline, take_defa
 from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED, attention, check_value, whose
 from pretrain_cli.config.training_arguments import TrainingArguments
 from pretrain_cli.errors import Problems, UserError
-from pretrain_cli.json_mistakes import explain
+from pretrain_cli.json_mistakes import loads
 
 
 @dataclass
@@ -126,13 +126,7 @@ def _read_text(path: str, kind: str) -> str:
 
 def load_json(path: str) -> dict:
     text = _read_text(path, "JSON object")
-    try:
-        obj = json.loads(text, object_pairs_hook=_no_repeated_keys(path))
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{explain(e)}") from None
-    except RecursionError:
-        raise UserError(f"{path}: nested deeper than a JSON reader follows; the argument file is one object of "
-                        f"keys") from None
+    obj = loads(text, path, "the argument file is one object of keys", object_pairs_hook=_no_repeated_keys(path))
     if not isinstance(obj, dict):
         raise UserError(f"{path}: the argument file must hold a JSON object {{\"key\": value, ...}}, got "
                         f"{type(obj).__name__}")

@@ -102,6 +102,9 @@ def load_yaml(path: str, text: str, text_keys=frozenset()) -> object:
         raise UserError(f"{where}: invalid YAML: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
         raise UserError(f"{path}: invalid YAML: {e}") from None
+    except RecursionError:  # ('['*100000 is a flow sequence PyYAML's recursive parser does not reach the end of)
+        raise UserError(f"{path}: nested deeper than a YAML reader follows; the argument file is one mapping of "
+                        f"keys") from None
     finally:
         loader.dispose()
     if not isinstance(data, dict):

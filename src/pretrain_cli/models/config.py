@@ -7,13 +7,12 @@ kernel/parallel flags never land here (see `pretrain_cli.run_config`). No Paddle
 from __future__ import annotations
 
 import functools
-import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from pretrain_cli.errors import UserError
-from pretrain_cli.json_mistakes import explain
+from pretrain_cli.json_mistakes import loads
 from pretrain_cli.models import config_checks
 from pretrain_cli.models.families import MODEL_TYPES as SUPPORTED_MODEL_TYPES
 from pretrain_cli.models.families import family
@@ -206,15 +205,8 @@ class ModelConfig:
         if not os.path.isfile(path):
             raise UserError(f"{path}: not found; pass a directory with an HF config.json or a preset name")
         try:  # (utf-8, not utf-8-sig, as transformers reads it: `explain` names a byte-order mark)
-            with open(path, encoding="utf-8") as f:
-                d = json.load(f)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{explain(e)}") from None
-        except UnicodeDecodeError as e:
-            raise UserError(f"{path}: byte {e.start} is not UTF-8 ({e.reason}); save the file as UTF-8") from None
-        except RecursionError:
-            raise UserError(f"{path}: nested deeper than a JSON reader follows; a model config is one object of "
-                            f"keys") from None
+            with open(path, "rb") as f:
+                d = loads(f.read(), path, "a model config is one object of keys")
         except OSError as e:
             raise UserError(f"{path}: not a readable JSON model config ({e})") from None
         if not isinstance(d, dict):
@@ -362,14 +354,10 @@ def read_generation(model_dir) -> dict:
     if not os.path.isfile(path):
         return {}
     try:
-        with open(path, encoding="utf-8") as f:
-            gen = json.load(f)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{explain(e)}; fix or remove the file") from None
-    except (OSError, ValueError) as e:
+        with open(path, "rb") as f:
+            gen = loads(f.read(), path, "fix or remove it", fix="fix or remove the file")
+    except OSError as e:
         raise UserError(f"{path}: not a readable JSON object ({e}); fix or remove it") from None
-    except RecursionError:
-        raise UserError(f"{path}: nested deeper than a JSON reader follows; fix or remove it") from None
     if not isinstance(gen, dict):
         raise UserError(f"{path}: must hold a JSON object; fix or remove it")
     return gen

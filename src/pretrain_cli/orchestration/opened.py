@@ -4,14 +4,13 @@ a run writes), the token files and their splits, and the output directory `train
 when each runs and collects what they report; `plan` builds the model config the same way (`planned`)."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
 from pathlib import Path
 
 from pretrain_cli.config.parser import Arguments
 from pretrain_cli.errors import UserError
-from pretrain_cli.json_mistakes import explain
+from pretrain_cli.json_mistakes import loads
 from pretrain_cli.run_config import RunConfig
 
 
@@ -35,14 +34,7 @@ def build_model_config(args: Arguments):
         refuse_unread(model_dir, "model_name_or_path")
     path = model_dir / "config.json"
     try:  # (utf-8, not utf-8-sig: transformers reads it so, and refuses a byte-order mark: `explain` says it)
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{explain(e)}") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: byte {e.start} is not UTF-8 ({e.reason}); save the file as UTF-8") from None
-    except RecursionError:
-        raise UserError(f"{path}: nested deeper than a JSON reader follows; a model config is one object of "
-                        f"keys") from None
+        raw = loads(path.read_bytes(), str(path), "a model config is one object of keys")
     except OSError as e:
         raise UserError(f"{path}: not a readable JSON model config ({e})") from None
     if not isinstance(raw, dict):
