@@ -8,9 +8,12 @@ killed with SIGKILL first (`distributed/launcher/tempdirs.py`);
 `job.py held OUTPUT_DIR` exits 2 with the run lock's refusal line when a live run holds OUTPUT_DIR
 (`training/run_lock.py`: a layer the launcher's own module does not reach into); `job.py output_dir FILE` prints the
 argument file's output_dir (empty when it has none or cannot be read: the ranks then name the file's problem), read
-as the run reads it (`config/parser.py`: JSON or YAML by its name); `job.py restart OUTPUT_DIR FILE [ARGS...]` prints
-what a MAX_RESTART restart starts from (`distributed/launcher/rerun.py`: it said "resuming from the newest checkpoint"
-when output_dir held none)."""
+as the run reads it (`config/parser.py`: JSON or YAML by its name); `job.py checkpoints OUTPUT_DIR [FILE ARGS...]`
+prints the checkpoint-N names output_dir holds (launch.sh asks before its first attempt, under MAX_RESTART); `job.py
+restart OUTPUT_DIR BEFORE [FILE ARGS...]` prints the checkpoint a MAX_RESTART restart passes as resume_from_checkpoint
+(an empty line: none), then what it starts from (`distributed/launcher/rerun.py`: it said "resuming from the newest
+checkpoint" when output_dir held none). Both read the user's arguments as the run does (`config/parser.parse_config`:
+`--resume_from_checkpoint null`, `--resume-from-checkpoint`), output_dir from them over OUTPUT_DIR."""
 import os
 import sys
 import tempfile
@@ -23,7 +26,8 @@ from pretrain_cli.distributed.launcher import account, job, ports  # noqa: E402
 def main(argv: list[str]) -> int:
     """`ports -- CMD...` (exec CMD holding a block of ports) | `decide DIR LAUNCHER_RC` (prints `CODE ACTION`) |
     `cause DIR [LOG_DIR]` (prints the account of the job's end) | `verdicts PID` (prints a new verdict directory for
-    launch.sh, process PID: `tempdirs`) | `held OUTPUT_DIR` (exit 2 with the run lock's refusal) | `output_dir FILE`."""
+    launch.sh, process PID: `tempdirs`) | `held OUTPUT_DIR` (exit 2 with the run lock's refusal) | `output_dir FILE` |
+    `checkpoints OUTPUT_DIR [FILE ARGS...]` | `restart OUTPUT_DIR BEFORE [FILE ARGS...]` (module docstring)."""
     if argv[:2] == ["ports", "--"] and len(argv) > 2:
         try:
             ports.exec_with_ports(argv[2:])
@@ -40,8 +44,16 @@ def main(argv: list[str]) -> int:
         except UserError:
             pass
         return 0
-    if len(argv) >= 2 and argv[0] == "restart":
-        print(_restart(argv[1], argv[2:]))
+    if len(argv) >= 3 and argv[0] == "restart":
+        resume, then = _restart(argv[1], set(argv[2].split()), argv[3:])
+        print(resume or "")
+        print(then)
+        return 0
+    if len(argv) >= 2 and argv[0] == "checkpoints":
+        from pretrain_cli.run_dir import list_checkpoints
+
+        output_dir = _output_dir(argv[1], _arguments(argv[2:]))
+        print(" ".join(p.name for _, p in list_checkpoints(output_dir)) if output_dir else "")
         return 0
     if len(argv) == 2 and argv[0] == "held":
         from pretrain_cli.training.run_lock import refusal
@@ -71,30 +83,39 @@ def main(argv: list[str]) -> int:
             print(line)
         return 0
     print("usage: job.py ports -- CMD... | decide DIR LAUNCHER_RC | cause DIR [LOG_DIR] | verdicts PID | held OUTPUT_DIR "
-          "| output_dir FILE | restart OUTPUT_DIR FILE [ARGS...]", file=sys.stderr)
+          "| output_dir FILE | checkpoints OUTPUT_DIR [FILE ARGS...] | restart OUTPUT_DIR BEFORE [FILE ARGS...]", file=sys.stderr)
     return 2
 
 
-def _restart(output_dir: str, args: list[str]) -> str:
-    """What follows "restart k of N, to": a restart runs with `--overwrite_output_dir false`, so it resumes from the
-    checkpoint resume_from_checkpoint names (the last `--resume_from_checkpoint` of `args`, else the argument file's),
-    else from output_dir's newest complete one, else starts from step 0."""
+def _arguments(args: list[str]):
+    """The user's arguments (the argument file, then `--key value` overrides) as the run reads them
+    (`config.parser.parse_config`, the record of a run's args.json as `train` takes it), or None where they do not
+    parse (then the ranks said why, exit 2: no restart follows)."""
+    from pretrain_cli.config.parser import parse_config
+
+    args = [a for a in args if a != "--debug"]  # (the CLI's own option, taken out before the arguments are read)
+    config = args[0] if args and not args[0].startswith("-") else None  # (as cli.main takes a command's file)
+    try:
+        return parse_config(config, args[1:] if config is not None else args, "user_arguments")
+    except Exception:  # noqa: BLE001 (a UserError, or one the ranks met too)
+        return None
+
+
+def _output_dir(given: str, arguments) -> str | None:
+    return (str(arguments.get("output_dir")) if arguments is not None and arguments.get("output_dir") else
+            given or None)
+
+
+def _restart(output_dir: str, before: set, args: list[str]) -> tuple[str | None, str]:
+    """(what a MAX_RESTART restart passes as resume_from_checkpoint, or None; what follows "restart k of N, to"): it
+    runs with `--overwrite_output_dir false`, so it resumes from the checkpoint resume_from_checkpoint names, or from
+    the newest of output_dir this job wrote past it (none of `before`, the names output_dir held when launch.sh
+    began), else from output_dir's newest complete one, else starts from step 0 (`rerun.restart`)."""
     from pretrain_cli.distributed.launcher import rerun
 
-    named = None
-    for n, a in enumerate(args):
-        if a == "--resume_from_checkpoint" and n + 1 < len(args):
-            named = args[n + 1]
-        elif a.startswith("--resume_from_checkpoint="):
-            named = a.split("=", 1)[1]
-    if named is None and args:
-        try:
-            from pretrain_cli.config.parser import read_argument_file
-
-            named = read_argument_file(args[0]).get("resume_from_checkpoint")
-        except Exception:  # (unreadable: the ranks name the file's problem; the newest checkpoint then)
-            named = None
-    return rerun.resumes(output_dir or None, False, named or None)
+    arguments = _arguments(args)
+    named = arguments.get("resume_from_checkpoint") if arguments is not None else None
+    return rerun.restart(_output_dir(output_dir, arguments), named or None, before)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@
 #      with MASTER set <output_dir>/log/node-<NODE_RANK> (node-<host name> without NODE_RANK), so nodes sharing
 #      output_dir keep their workerlog.N apart),
 #      MAX_RESTART (default 0: restart the job up to N times when it fails; each restart resumes from the newest
-#      checkpoint of output_dir; a usage error (exit 2) is never retried, a failed rendezvous always is, up to 3
+#      checkpoint of output_dir, or from resume_from_checkpoint's until the job wrote one past it; a usage error (exit 2) is never retried, a failed rendezvous always is, up to 3
 #      times; also passed to the launcher as --max_restart),
 #      RENDEZVOUS_TIMEOUT (several nodes: seconds a node waits at MASTER for the others, default 600, 0: no limit;
 #      then one line says how far the meeting got, exit 75; a wait is said after 10 s),
@@ -142,9 +142,14 @@ max_restart=${MAX_RESTART:-0}
 # new ports (up to 3 times, not counted as restarts); any other failure exits with the code of the rank that
 # failed first, and restarts the job while MAX_RESTART allows (a killed or crashed rank makes Paddle's launcher
 # stop the others; its own --max_restart only acts with an etcd master, docs/DISTRIBUTED.md). A restart
-# resumes from the newest complete checkpoint: `--overwrite_output_dir false` makes sure a run started with
-# overwrite_output_dir: true continues rather than starting over.
+# resumes from the newest complete checkpoint (or resume_from_checkpoint's, until the job wrote a later one):
+# `--overwrite_output_dir false` makes sure a run started with overwrite_output_dir: true continues rather than
+# starting over.
 export PRETRAIN_CLI_VERDICTS=$verdicts
+# the checkpoints output_dir holds before the first attempt: past a named resume_from_checkpoint, those a failed attempt
+# wrote (none of these) are this job's own, which a restart continues from (job.py restart)
+before=""
+if [ "${MAX_RESTART:-0}" != "0" ]; then before=$("$PY" "$HERE/job.py" checkpoints "$out" "$@" 2>/dev/null || true); fi
 attempt=0
 rendezvous=0
 extra=()
@@ -192,8 +197,12 @@ while true; do
   fi
   attempt=$((attempt + 1))
   extra=(--overwrite_output_dir false)
-  # (what it starts from: output_dir's newest complete checkpoint, or step 0 when it holds none)
-  from=$("$PY" "$HERE/job.py" restart "$out" "$@" 2>/dev/null || true)
+  # what it starts from: output_dir's newest complete checkpoint, or step 0 when it holds none; with
+  # resume_from_checkpoint set, that one, or the newest this job wrote past it (passed as resume_from_checkpoint:
+  # as named, it is refused beside them)
+  resume=""; from=""
+  { read -r resume; read -r from; } < <("$PY" "$HERE/job.py" restart "$out" "$before" "$@" 2>/dev/null) || true
+  if [ -n "$resume" ]; then extra+=(--resume_from_checkpoint "$resume"); fi
   echo "launch.sh: the job failed (exit $code); restart $attempt of $max_restart, to ${from:-resume from the newest" \
        "complete checkpoint of output_dir, if any}" >&2
 done

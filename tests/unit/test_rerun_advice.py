@@ -53,10 +53,11 @@ def test_an_explicit_resume_from_checkpoint_is_where_the_same_command_starts(tmp
     out = tmp_path / "out"
     for name in ("checkpoint-3", "checkpoint-9"):
         (out / name).mkdir(parents=True)
-    for overwrite in (False, True):  # resume_from_checkpoint wins over overwrite (`resumed.find_resume`)
-        line = _line(tmp_path, out, overwrite=overwrite, resume_from=str(out / "checkpoint-3"))
-        assert (f"to resume from {out / 'checkpoint-3'}, the checkpoint resume_from_checkpoint names (to continue from "
-                f"the newest complete one instead, set it to {out / 'checkpoint-9'}).") in line, line
+    # resume_from_checkpoint wins over overwrite (`resumed.find_resume`); without it, beside the later checkpoint-9
+    # the re-run is refused (`resumed.later_checkpoints`: `test_restart_line`)
+    line = _line(tmp_path, out, overwrite=True, resume_from=str(out / "checkpoint-3"))
+    assert (f"to resume from {out / 'checkpoint-3'}, the checkpoint resume_from_checkpoint names (to continue from "
+            f"the newest complete one instead, set it to {out / 'checkpoint-9'}).") in line, line
     same = _line(tmp_path, out, resume_from=str(out / "checkpoint-9"))
     assert f"to resume from {out / 'checkpoint-9'}, the checkpoint resume_from_checkpoint names." in same, same
 

@@ -5,8 +5,16 @@ did; and it said "resume from out/checkpoint-3" under overwrite_output_dir: true
 and starts at step 0, and under an explicit resume_from_checkpoint, which the re-run resumes instead. The newest
 published `checkpoint-N` is read from output_dir as it is when the line is written; a published one is complete by
 construction (`run_dir`), whether its files are undamaged is checked by the re-run itself (`storage.intact`), not
-here: this runs in the forked watchers, which must answer at once. Plain os calls only (no Paddle)."""
+here: this runs in the forked watchers, which must answer at once. Plain os calls only (no Paddle).
+
+A named checkpoint beside later ones in output_dir is refused without overwrite (`orchestration.resumed.
+later_checkpoints`), so there the advice names the newest instead (`past`); and a MAX_RESTART restart of launch.sh,
+whose own attempt wrote them, resumes from the newest (`restart`): it said "to resume from src-ckpt-4" and was refused,
+exit 2, its own checkpoint-8 called another run's."""
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from pretrain_cli import run_dir
 
@@ -33,6 +41,9 @@ def resumes(output_dir, overwrite: bool = False, resume_from=None) -> str:
             newest = run_dir.latest_checkpoint(output_dir)
         except OSError:
             newest = None
+    if how == NAMED and not overwrite and (beyond := past(output_dir, resume_from)):
+        return (f"resume from {newest}, the newest complete checkpoint, with resume_from_checkpoint set to it (as set, "
+                f"{resume_from} is refused: {output_dir} holds {', '.join(p.name for p in beyond)} past its step)")
     if how == NAMED:
         later = (f" (to continue from the newest complete one instead, set it to {newest})"
                  if newest is not None and str(newest) != str(resume_from) else "")
@@ -46,3 +57,46 @@ def resumes(output_dir, overwrite: bool = False, resume_from=None) -> str:
     if newest is None:
         return f"start from step 0 ({output_dir} holds no complete checkpoint)"
     return f"resume from {newest}, the newest complete checkpoint"
+
+
+def _step(checkpoint) -> int | None:
+    """The step of `checkpoint` as a resume reads it (its trainer_state.json's global_step), else its name's number,
+    else None."""
+    path = Path(checkpoint)
+    try:
+        step = json.loads((path / run_dir.STATE_FILE).read_text())["global_step"]
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    m = run_dir.CHECKPOINT.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def past(output_dir, resume_from) -> list[Path]:
+    """The checkpoints of `output_dir` past the step of `resume_from`, oldest first: what `later_checkpoints` refuses
+    a resume from it beside (without overwrite); [] when either is unknown."""
+    step = _step(resume_from) if resume_from and output_dir else None
+    if step is None:
+        return []
+    try:
+        return [p for n, p in run_dir.list_checkpoints(output_dir) if n > step]
+    except OSError:
+        return []
+
+
+def restart(output_dir, resume_from, before) -> tuple[str | None, str]:
+    """(the checkpoint launch.sh's MAX_RESTART restart passes as resume_from_checkpoint, or None; what follows "restart
+    k of N, to"). The restart runs with overwrite_output_dir false. Past a named checkpoint lie only checkpoints this
+    job wrote (none of them among `before`, the names output_dir held when launch.sh began): it continues from the
+    newest; held before it began, they are another run's, which the restart is refused beside as the first attempt
+    was (unless that attempt failed before its check)."""
+    beyond = past(output_dir, resume_from)
+    if not beyond:
+        return None, resumes(output_dir, False, resume_from)
+    theirs = [p.name for p in beyond if p.name in before]
+    if theirs:
+        return None, (f"resume from {resume_from}, the checkpoint resume_from_checkpoint names, which is refused: "
+                      f"{output_dir} held {', '.join(theirs)} past it before this job began (another run's)")
+    return str(beyond[-1]), (f"resume from {beyond[-1]}, the newest complete checkpoint (this job's own, past "
+                             f"{resume_from}, which resume_from_checkpoint names)")
