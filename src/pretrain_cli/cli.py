@@ -196,21 +196,40 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 
 U_ESCAPE = "pretrain_cli.u_escape"  # the errors handler `_printable_streams` gives a strict stdout or stderr
+# ... and a surrogateescape one: its escaped bytes written back as they were, every other character as U_ESCAPE does
+U_ESCAPE_BYTES = "pretrain_cli.u_escape_bytes"
 
 
 def _printable_streams() -> None:
     """A stream whose encoding cannot spell every character (`PYTHONIOENCODING=latin-1`, a legacy code page) would
     end a finished command in a UnicodeEncodeError traceback at the first such character printed (a prompt or a
-    generated text in another script, a path): it prints as `\\u65e5` instead. Only a strict stream is changed:
-    a UTF-8 locale's or PYTHONUTF8's `surrogateescape` writes a path's undecodable bytes back as they were, and
+    generated text in another script, a path): it prints as `\\u65e5` instead. A `surrogateescape` stream (a UTF-8
+    locale's, PYTHONUTF8's, but also `PYTHONIOENCODING=ascii:surrogateescape` or the C locale's ASCII) keeps writing
+    a path's undecodable bytes back as they were and escapes the rest the same way (it raised on 東京 in ASCII);
     stderr's own `backslashreplace` already prints everything."""
     import codecs
 
     codecs.register_error(U_ESCAPE, _u_escapes)
+    codecs.register_error(U_ESCAPE_BYTES, _u_escapes_but_bytes)
     for stream in (sys.stdout, sys.stderr):
         # (a TextIOWrapper; a replaced stream may not be one)
-        if hasattr(stream, "reconfigure") and getattr(stream, "errors", None) == "strict":
-            stream.reconfigure(errors=U_ESCAPE)
+        errors = getattr(stream, "errors", None) if hasattr(stream, "reconfigure") else None
+        if errors in ("strict", "surrogateescape"):
+            stream.reconfigure(errors=U_ESCAPE if errors == "strict" else U_ESCAPE_BYTES)
+
+
+def _u_escapes_but_bytes(e: UnicodeError) -> tuple[str | bytes, int]:
+    """`surrogateescape` for U+DC80..U+DCFF (a byte a path held that did not decode: written back as that byte),
+    `_u_escapes` for the rest; one run of either kind at a time (the codec calls again for what is left)."""
+    if not isinstance(e, UnicodeEncodeError):
+        raise e
+    text, end = e.object, e.start
+    escaped = 0xDC80 <= ord(text[end]) <= 0xDCFF
+    while end < e.end and (0xDC80 <= ord(text[end]) <= 0xDCFF) == escaped:
+        end += 1
+    if escaped:
+        return bytes(ord(ch) - 0xDC00 for ch in text[e.start:end]), end
+    return _u_escapes(UnicodeEncodeError(e.encoding, text, e.start, end, e.reason))
 
 
 def _u_escapes(e: UnicodeError) -> tuple[str, int]:

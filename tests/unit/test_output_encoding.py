@@ -43,6 +43,20 @@ def test_a_surrogateescape_stdout_keeps_a_paths_undecodable_bytes(tmp_path):
     assert b"/d\xff/t" in out and b"\\udcff" not in out, out
 
 
+@pytest.mark.parametrize("env,encoding", [
+    ({"PYTHONIOENCODING": "ascii:surrogateescape"}, "ascii"),
+    ({"LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""}, "utf-8"),
+])
+def test_a_surrogateescape_stdout_that_is_not_utf8_prints_json(tmp_path, env, encoding):
+    """A surrogateescape stream in ASCII (asked for, or the C locale's) raised UnicodeEncodeError on 東京🚀ü: now
+    they are escapes, while a path's bytes that did not decode (all of them under the C locale, where argv is
+    decoded as ASCII) are written back as they were, so the stdout is the path's own UTF-8 there."""
+    (tmp_path / "東京🚀ü").mkdir()
+    prefix = write_tokens(tmp_path / "東京🚀ü" / "t")
+    out = _inspect(prefix, **env)
+    assert json.loads(out.decode(encoding))["prefix"] == prefix, out
+
+
 def test_the_escapes_are_json_s():
     """A character above U+FFFF is its UTF-16 surrogate pair; a character of the BMP (and a lone surrogate) its own."""
     cli._printable_streams()  # (registers the handler)
@@ -50,3 +64,5 @@ def test_the_escapes_are_json_s():
     escaped = text.encode("ascii", errors=cli.U_ESCAPE)
     assert escaped == b"\\u00fc\\u6771\\ud83d\\ude80\\udcff"
     assert json.loads(b'"' + escaped + b'"') == text
+    mixed = "a\udcff東\udc80".encode("ascii", errors=cli.U_ESCAPE_BYTES)  # (surrogateescape's bytes kept)
+    assert mixed == b"a\xff\\u6771\x80", mixed
