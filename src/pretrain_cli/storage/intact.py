@@ -251,21 +251,48 @@ def _headers(paths, indexed_format: Problem | None = None) -> Problem | None:
 
 # what PaddleNLP's Trainer writes into each checkpoint-N (TRAINING_ARGS_NAME, SCHEDULER_NAME, its per-rank RNG state)
 PADDLENLP_MARKS = ("training_args.bin", "scheduler.pdparams", "rng_state*.pth")
+# its weights and optimizer state, beside a trainer_state.json: without unified_checkpoint its pickles, with it the
+# optimizer's and master weights' shard indexes (ours is checkpoint.index.json)
+_PADDLENLP_FILES = ("model_state*.pdparams", "*.pdopt", "optimizer.safetensors.index.json",
+                    "master_weights.safetensors.index.json")
+
+
+def _paddlenlp_signs(ckpt: Path) -> list[str]:
+    """The files of `ckpt` only PaddleNLP's Trainer writes there: its marks anywhere; beside a trainer_state.json (a
+    model directory of transformers' shards is no checkpoint) its weight and optimizer files, and the shards
+    model.safetensors.index.json lists that Paddle's numpy writer wrote (metadata format "np": one per rank, "-of-"
+    even for one; ours say "pt", and a pipeline layout of ours leaves that index too)."""
+    marks = [p.name for pattern in PADDLENLP_MARKS for p in sorted(ckpt.glob(pattern))]
+    if marks or not (ckpt / STATE_FILE).is_file():
+        return marks
+    signs = [p.name for pattern in _PADDLENLP_FILES for p in sorted(ckpt.glob(pattern))]
+    for name in sorted(_hf_shards(ckpt, {p.name for p in ckpt.glob("model-*-of-*.safetensors")}) or ()):
+        try:
+            numpy_written = (File(ckpt / name).metadata or {}).get("format") == "np"
+        except UserError:  # (an unreadable header: no sign either way)
+            numpy_written = False
+        signs += [name] if numpy_written else []
+    return signs
 
 
 def paddlenlp_checkpoint(ckpt) -> str | None:
     """One line when `ckpt` is a checkpoint-N PaddleNLP's Trainer wrote (a PaddleNLP run's output_dir reused here,
     or one named by resume_from_checkpoint): not damage, so no other checkpoint is tried nor their removal
-    suggested; its trainer_state.json has no consumed_samples and its optimizer and schedule are PaddleNLP's
-    pickles, so only its weights carry over. None for any other directory (one of ours has its args.json, whatever
-    else lies in it)."""
+    suggested; its optimizer and schedule are PaddleNLP's (pickles, or safetensors under Paddle's names) and its
+    trainer_state.json records no data position of ours, so only its weights carry over. None for any other
+    directory (one of ours has its args.json and checkpoint.index.json, whatever else lies in it)."""
     ckpt = Path(ckpt)
-    marks = [p.name for pattern in PADDLENLP_MARKS for p in sorted(ckpt.glob(pattern))]
-    if not marks or (ckpt / ARGS_FILE).exists():
+    if (ckpt / ARGS_FILE).exists() or (ckpt / checkpoint_index.INDEX).exists():
         return None
-    return (f"{ckpt} is a checkpoint of PaddleNLP's Trainer ({marks[0]}), which pretrain-cli does not resume (its "
+    signs = _paddlenlp_signs(ckpt)
+    if not signs:
+        return None
+    pickled = [p.name for p in sorted(ckpt.glob("*.pdparams")) if p.name.startswith("model_state")]
+    weights = (f"save its weights as safetensors ({pickled[0]} is a pickle, not read here), then "
+               if pickled and not any(ckpt.glob("*.safetensors")) else "")
+    return (f"{ckpt} is a checkpoint of PaddleNLP's Trainer ({signs[0]}), which pretrain-cli does not resume (its "
             f"optimizer state, schedule and data position are PaddleNLP's); start from its weights instead: "
-            f"model_name_or_path: {ckpt}, continue_training: true, and another output_dir")
+            f"{weights}model_name_or_path: {ckpt}, continue_training: true, and another output_dir")
 
 
 def skipping(ckpt, reason: str) -> str:
