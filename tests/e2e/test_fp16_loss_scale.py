@@ -178,6 +178,26 @@ def test_a_named_checkpoint_with_a_bad_entry_is_refused_before_output_dir_is_tou
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == records
 
 
+def test_a_bad_entry_stops_no_reader_of_the_weights_alone(corpus, tmp_path, fp16, capsys):
+    """`export` reads a checkpoint's weights, never its loss scale: a bad entry refused it (review R9 on f6437ec7)
+    while `eval` read the same weights. A resume still refuses it (`intact.problem`)."""
+    from safetensors.numpy import load_file as load
+
+    from pretrain_cli.storage import intact
+
+    cfg = _config(tmp_path, corpus, max_steps=2, save_steps=2, decay_steps=2)
+    assert cli_main(["train", cfg]) == 0
+    ckpt = tmp_path / "out" / "checkpoint-2"
+    path = _spoil(ckpt, scale=-1.0)
+    assert intact.problem(ckpt).startswith(f"{path}: `loss_scaler`: scale -1.0 is not a finite")
+    assert intact.export_problem(ckpt) is None
+    capsys.readouterr()
+    assert cli_main(["export", str(ckpt), str(tmp_path / "exported")]) == 0, capsys.readouterr().err
+    got, final = load(str(tmp_path / "exported" / "model.safetensors")), load(str(tmp_path / "out" /
+                                                                                  "model.safetensors"))
+    assert sorted(got) == sorted(final) and all(np.array_equal(got[k], final[k]) for k in final)
+
+
 def test_a_changed_scale_loss_is_said_and_the_checkpoints_scale_goes_on(corpus, tmp_path, fp16, capsys):
     """scale_loss is where a run's scale starts; a resume goes on from the checkpoint's, and says so once where the
     run gives another scale_loss than the checkpoint's run was given."""

@@ -168,6 +168,26 @@ def test_only_files_that_record_every_tensor_whole_are_read_without_the_index(tm
     assert intact.weights_without_index(written("two", whole, world=2)) is None
 
 
+@pytest.mark.parametrize("shard", [["model-00001-of-00002.safetensors"], {"file": "model-00001-of-00002.safetensors"},
+                                   None, 1])
+def test_a_weight_map_naming_no_file_is_refused_in_one_line(checkpoint, tmp_path, capsys, shard):
+    """transformers' index mapping a tensor to a list or an object: the judge's set() of its values ended eval,
+    generate, export and check in a TypeError traceback (review R9 on 214f97fc); now no lost-index read, so the
+    checkpoint is refused as any other without its index."""
+    lost = _data_parallel(checkpoint, tmp_path / "checkpoint-2")
+    hf = lost / "model.safetensors.index.json"
+    index = json.loads(hf.read_text())
+    index["weight_map"][sorted(index["weight_map"])[0]] = shard
+    hf.write_text(json.dumps(index))
+    assert intact.weights_without_index(lost) is None
+    code, _, err = _eval(lost, capsys)
+    assert code == 2 and err.strip() == (f"error: {lost / 'checkpoint.index.json'} is missing; the checkpoint is "
+                                         f"incomplete: point --model to another checkpoint-N"), err
+    assert cli.main(["export", str(lost), str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: {lost}: cannot export: {lost / 'checkpoint.index.json'} is "
+                                               f"missing; export another checkpoint-N (or the final directory)")
+
+
 def test_export_and_continue_training_take_what_eval_takes(checkpoint, tmp_path, capsys):
     """One judge for every reader of the weights alone: `export` of a checkpoint whose weights are whole without
     its index writes the tensors the intact checkpoint's export writes, and a run continues from it, each with the
@@ -213,12 +233,17 @@ def test_a_run_directory_stands_for_its_newest_complete_checkpoint(run, tmp_path
     assert [x for x in err.splitlines() if "final model" in x] == [
         f"note: {copy} holds no final model yet (its run stopped before the export): using its newest complete "
         f"checkpoint, {copy / 'checkpoint-1'}; not checkpoint-2: {copy / 'checkpoint-2' / 'checkpoint.index.json'} "
-        f"is missing"], err
+        f"is missing (its weights are whole without it: --model {copy / 'checkpoint-2'} reads them)"], err
     assert f"; {copy / 'checkpoint-1'}, trained weights;" in out, out
     assert cli.main(["export", str(copy), str(tmp_path / "x")]) == 2  # (the line that names what eval reads)
     said = capsys.readouterr().err.strip()
     assert said.endswith(f"export its newest complete checkpoint, {copy / 'checkpoint-1'}, which eval --model {copy} "
                          f"reads"), said
+    (copy / "checkpoint-2" / "model.safetensors").rename(copy / "weights")  # its weights no longer there whole
+    code, out, err = _eval(copy, capsys)
+    assert code == 0 and (f"; not checkpoint-2: {copy / 'checkpoint-2' / 'checkpoint.index.json'} is missing\n"
+                          in err), err
+    (copy / "weights").rename(copy / "checkpoint-2" / "model.safetensors")
     shutil.rmtree(copy / "checkpoint-1")
     code, out, err = _eval(copy, capsys)
     assert code == 0 and f"; {copy / 'checkpoint-2'}, trained weights;" in out, err

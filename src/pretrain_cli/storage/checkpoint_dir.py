@@ -17,8 +17,9 @@ from pretrain_cli.errors import UserError
 from pretrain_cli.run_dir import ARGS_FILE, STATE_FILE, is_record
 
 
-def read_state(ckpt) -> dict:
-    """`trainer_state.json` of checkpoint `ckpt`, or a one-line UserError saying what is wrong with it."""
+def read_state(ckpt, resume: bool = True) -> dict:
+    """`trainer_state.json` of checkpoint `ckpt`, or a one-line UserError saying what is wrong with it; with `resume`
+    its fp16 `loss_scaler` too (`judge_loss_scaler`), which only a resume or a rollback loads."""
     path = Path(ckpt) / STATE_FILE
     if not path.is_file():
         raise UserError(f"{ckpt}: no {STATE_FILE}, so this is not a complete checkpoint; pick another "
@@ -32,10 +33,18 @@ def read_state(ckpt) -> dict:
     for key in ("global_step", "consumed_samples"):
         if not isinstance(state.get(key), int):
             raise UserError(f"{path}: missing or invalid `{key}`; resume from another checkpoint")
+    if resume:
+        judge_loss_scaler(path, state)
+    return state
+
+
+def judge_loss_scaler(path, state: dict) -> None:
+    """A one-line UserError naming trainer state file `path` where `state`'s fp16 `loss_scaler` cannot be loaded
+    (`loss_scaler_problem`). Asked where a resume or a rollback reads the state (`CheckpointDir.resume_state`), not
+    by the readers of the weights alone (`eval`, `export`, `continue_training`), which never load the scale."""
     if "loss_scaler" in state and (wrong := loss_scaler_problem(state["loss_scaler"])):
         raise UserError(f"{path}: `loss_scaler`: {wrong} (delete the entry to start the scale at scale_loss); resume "
                         f"from another checkpoint")
-    return state
 
 
 FLOAT32_MAX, FLOAT32_NORMAL = 3.4028234663852886e38, 2.0 ** -126  # float32's largest finite and smallest normal
@@ -43,10 +52,10 @@ FLOAT32_MAX, FLOAT32_NORMAL = 3.4028234663852886e38, 2.0 ** -126  # float32's la
 
 def loss_scaler_problem(entry) -> str | None:
     """What is wrong with a trainer state's `loss_scaler` (fp16's scale and counts: `precision.Amp.state_dict`), or
-    None. Judged with the state, so a resume skips such a checkpoint (or refuses it by name) before its run writes
-    anything, and `check` says so as well. The scale becomes a float32 tensor: past float32's range it would be inf
-    (every step an overflow, and the scale never comes back), below its normal range 0 or a subnormal; JSON's
-    `true` is an int to Python, and no count."""
+    None. Judged where a resume reads the state (`storage.intact.problem`), so a resume skips such a checkpoint (or
+    refuses it by name) before its run writes anything, and `check` says so as well. The scale becomes a float32
+    tensor: past float32's range it would be inf (every step an overflow, and the scale never comes back), below its
+    normal range 0 or a subnormal; JSON's `true` is an int to Python, and no count."""
     if not isinstance(entry, dict):
         return f"{entry!r} is not an object of scale, incr_count and decr_count"
     scale = entry.get("scale")
@@ -82,8 +91,16 @@ class CheckpointDir:
 
     @cached_property
     def state(self) -> dict:
-        """The trainer state (`read_state`: a UserError naming the file when it is not a valid one)."""
-        return read_state(self.path)
+        """The trainer state (`read_state`: a UserError naming the file when it is not a valid one), its fp16
+        `loss_scaler` not judged: what the readers of a step, or of the weights alone, take."""
+        return read_state(self.path, resume=False)
+
+    @property
+    def resume_state(self) -> dict:
+        """`state` with its fp16 `loss_scaler` judged loadable (`judge_loss_scaler`): what a resume and a rollback
+        read (`storage.intact.problem`, `training.trainer.Trainer.reload`)."""
+        judge_loss_scaler(self.path / STATE_FILE, self.state)
+        return self.state
 
     @cached_property
     def index(self) -> dict | None:

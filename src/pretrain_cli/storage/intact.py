@@ -4,7 +4,8 @@ A directory named `checkpoint-N` is complete when it is published (`atomic.publi
 lost or damaged afterwards (a disk error, a user, a copy cut short). `problem()` checks what a resume reads:
 
 - `trainer_state.json`: present, a JSON object with an integer `global_step` and `consumed_samples`, and fp16's
-  `loss_scaler` loadable where there is one (`checkpoint_dir.read_state`, also what the resume itself reads);
+  `loss_scaler` loadable where there is one (`checkpoint_dir.judge_loss_scaler`, asked again where a rollback reads
+  it; not by `export_problem`: an export reads the weights alone);
 - `config.json`: present and a JSON object, as every other JSON file it holds (`args.json`, transformers'
   `model.safetensors.index.json`, the tokenizer's files);
 - `checkpoint.index.json`: present and readable whenever the directory holds per-rank files
@@ -62,16 +63,17 @@ def _not_a_directory(path) -> Problem:
                                                                                           "incomplete")
 
 
-def problem(ckpt, checksums: bool = True, files=None) -> Problem | None:
+def problem(ckpt, checksums: bool = True, files=None, resume: bool = True) -> Problem | None:
     """Why checkpoint `ckpt` (a path or a `CheckpointDir`, whose state and index are then read once for all who
     ask it) cannot be resumed from (one line naming the file, and its `state`: incomplete or damaged), or None when
-    it is complete; `files`: only those of the index's files (`damage`)."""
+    it is complete; `files`: only those of the index's files (`damage`); `resume` False: its fp16 loss scale not
+    judged (what `export_problem` asks: an export never loads it)."""
     meta = CheckpointDir.of(ckpt)
     ckpt = meta.path
     if not ckpt.is_dir():
         return _not_a_directory(ckpt)
     try:
-        meta.state
+        meta.resume_state if resume else meta.state
     except UserError as e:  # no trainer state at all: a save or copy that did not finish
         return Problem(str(e).split("; ")[0], "damaged" if (ckpt / STATE_FILE).is_file() else "incomplete")
     reason = _json_object(ckpt / CONFIG_FILE, True)
@@ -138,11 +140,13 @@ def export_problem(path) -> Problem | None:
     if (path / checkpoint_index.INDEX).is_file() or any(path.glob("optimizer*.safetensors")):
         if weights_without_index(meta) is not None:  # its index lost, its weights whole: read as eval reads them
             return _json_object(path / CONFIG_FILE, True)
-        return problem(meta, files=_weight_files(meta))
+        return problem(meta, files=_weight_files(meta), resume=False)
     reason = _json_object(path / CONFIG_FILE, True) or _json_object(path / HF_INDEX, False)
     if reason is None and (path / HF_INDEX).is_file():
         listed = json.loads((path / HF_INDEX).read_text(encoding="utf-8")).get("weight_map")
-        missing = sorted(set(listed.values()) - {p.name for p in path.iterdir()}) if isinstance(listed, dict) else []
+        files = set(listed.values()) if isinstance(listed, dict) and all(isinstance(f, str) for f in listed.values()) \
+            else set()  # (any other weight_map: `models.model_files.find_weights` says what is wrong with it)
+        missing = sorted(files - {p.name for p in path.iterdir()})
         reason = Problem(f"{path / missing[0]} is missing", "incomplete") if missing else None
     weights = sorted(path.glob("*.safetensors"))
     return (reason or (None if weights else Problem(f"{path} holds no safetensors weights", "incomplete"))
@@ -226,7 +230,9 @@ def _hf_shards(ckpt: Path, ranks: set) -> dict | None:
         weight_map = json.loads((ckpt / HF_INDEX).read_text(encoding="utf-8")).get("weight_map")
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         return None
-    if not isinstance(weight_map, dict) or not set(weight_map.values()) <= ranks:
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        return None  # (a list or an object for a file: no file name, and unhashable)
+    if not set(weight_map.values()) <= ranks:
         return None
     shards: dict = {}
     for tensor, shard in weight_map.items():

@@ -153,7 +153,7 @@ class Trainer(TrainLog):
         from pretrain_cli.training.weight_source import DamagedCheckpoint
 
         ckpt = CheckpointDir(path)
-        state = ckpt.state
+        state = ckpt.resume_state  # (its fp16 loss scale judged: a rollback loads it)
         try:
             if self.rebuild is not None:
                 self.release()
