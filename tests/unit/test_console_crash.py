@@ -67,15 +67,77 @@ def test_gloos_timeout_raised_as_a_python_traceback_stays_off_the_console(capsys
     assert console.dropped[0].startswith("Traceback") and console.dropped[-2].startswith("RuntimeError")
 
 
-def test_a_python_traceback_the_rank_goes_on_from_ends_at_its_next_logged_line_and_a_mention_of_gloo_is_kept(capsys):
-    console = failure_report._Console()
-    survived = "Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: retried\n"
-    kept = ("step 3: reading /data/gloo_corpus/part-1\n"
-            "[2026-12-07 18:00:01,456] [    INFO] - loss: 6.25, global_step: 4\n")
-    console.write("step 2: reading /data/gloo_corpus/part-0\n" + survived + kept)
+def _console(monkeypatch, tmp_path, record=None):
+    """The console under launch.sh's verdict directory `tmp_path`, with rank 0's `record` there if any."""
+    import json
+
+    monkeypatch.setenv("PRETRAIN_CLI_VERDICTS", str(tmp_path))
+    if record is not None:
+        (tmp_path / "rank-0.json").write_text(json.dumps(record))
+    return failure_report._Console()
+
+
+def test_a_python_traceback_the_rank_goes_on_from_stays_on_the_console_and_a_mention_of_gloo_is_kept(
+        capsys, monkeypatch, tmp_path):
+    """`logger.exception` of a failure the run goes on from (a tracker's): its traceback and exception line are the
+    rank's own (the exception line was left out, and the cause with it when the rank then hung)."""
+    console = _console(monkeypatch, tmp_path)
+    logged = ("step 2: reading /data/gloo_corpus/part-0\n"
+              "[2026-12-07 18:00:00,123] [   ERROR] - the tracker failed; training goes on without it\n"
+              "Traceback (most recent call last):\n  File \"x.py\", line 1\n    post()\nConnectionError: refused\n"
+              "step 3: reading /data/gloo_corpus/part-1\n"
+              "[2026-12-07 18:00:01,456] [    INFO] - loss: 6.25, global_step: 4\n")
+    for part in (logged[:150], logged[150:], VERDICT):
+        console.write(part)
     console.flush()
-    assert capsys.readouterr().out == "step 2: reading /data/gloo_corpus/part-0\n" + kept.split("\n", 1)[1]
-    assert "".join(console.dropped) == survived + kept.split("\n", 1)[0] + "\n"
+    assert capsys.readouterr().out == logged
+    assert console.dropped == [VERDICT.strip() + "\n"]
+
+
+def test_a_debug_traceback_and_a_dying_threads_stay_on_the_console(capsys, monkeypatch, tmp_path):
+    """`--debug` prints a usage error's traceback before its `error:` line (said by launch.sh: left out); a dying
+    thread's `Exception in thread` line was left dangling, its traceback dropped."""
+    console = _console(monkeypatch, tmp_path, {"rank": 0, "kind": "usage", "local": "0", "exit": 2})
+    debug = ("Traceback (most recent call last):\n  File \"cli.py\", line 9, in _main\n"
+             "pretrain_cli.errors.UserError: max_steps: must be > 0\n")
+    thread = ("Exception in thread Thread-3 (upload):\nTraceback (most recent call last):\n  File \"t.py\", line 2\n"
+              "OSError: [Errno 28] No space left on device\n")
+    console.write(thread + "[2026-12-07 18:00:01,456] [    INFO] - loss: 6.25, global_step: 4\n" + debug +
+                  "error: max_steps: must be > 0\n")
+    console.flush()
+    assert capsys.readouterr().out == thread + "[2026-12-07 18:00:01,456] [    INFO] - loss: 6.25, global_step: 4\n" + \
+        debug
+    assert console.dropped == ["error: max_steps: must be > 0\n"]
+
+
+def test_gloos_timeout_in_a_thread_and_an_uncaught_errors_traceback_stay_off_the_console(capsys, monkeypatch, tmp_path):
+    """gloo's timeout raised in a thread is left out with its `Exception in thread` line; an uncaught error's
+    traceback, which launch.sh's account quotes (rank 0 recorded `crashed`), too, with what follows until the rank's
+    next logged line (its chained part)."""
+    console = _console(monkeypatch, tmp_path)
+    console.write("step 1\nException in thread Thread-2 (save):\n" + TIMEOUT + "step 2\n")
+    console.flush()
+    assert capsys.readouterr().out == "step 1\n"
+    assert console.dropped[0].startswith("Exception in thread") and console.dropped[-1] == "step 2\n"
+    console = _console(monkeypatch, tmp_path, {"rank": 0, "kind": "crashed", "local": "0", "exit": 1})
+    bug = ("Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyError: 'a'\n\n"
+           "The above exception was the direct cause of the following exception:\n\n"
+           "Traceback (most recent call last):\n  File \"x.py\", line 3\nValueError: bug\n")
+    console.write("step 1\n" + bug)
+    console.flush()
+    assert capsys.readouterr().out == "step 1\n" and console.dropped[-1] == "ValueError: bug\n"
+
+
+def test_an_exception_groups_traceback_is_judged_whole(capsys, monkeypatch, tmp_path):
+    group = ("  + Exception Group Traceback (most recent call last):\n  |   File \"x.py\", line 1\n"
+             "  | ExceptionGroup: two (2 sub-exceptions)\n  +-+---------------- 1 ----------------\n"
+             "    | Traceback (most recent call last):\n    | {}\n    +------------------------------------\n")
+    console = _console(monkeypatch, tmp_path)
+    own = group.format("ValueError: one")
+    console.write(own + "step 2\n" + group.format(TIMEOUT.strip().splitlines()[-1]) + "step 3\n")
+    console.flush()
+    assert capsys.readouterr().out == own + "step 2\n"
+    assert console.dropped[-1] == "step 3\n" and "TIMEOUT" in "".join(console.dropped)
 
 
 def test_a_crash_the_rank_survives_ends_at_its_next_logged_line(capsys):

@@ -105,3 +105,17 @@ def test_rank_0_publishing_is_its_own_work_again(tmp_path, monkeypatch):
     assert seen["phase"] == "save"
     waiting = dict(seen, phase="save (waiting)", since=seen["since"] - 1.0)  # rank 1, waiting for the publish
     assert progress.hung({0: seen, 1: waiting}, seen["since"] + progress.START + 1.0, 10.0)[0] == 0
+
+
+@pytest.mark.parametrize("phase", ["save", "save (waiting)", "eval", "start-up"])
+def test_a_stopped_rank_is_late_after_the_plain_hang_timeout_whatever_its_phase(phase):
+    """A rank in `/proc` state T (SIGSTOP while writing its part of a save) cannot progress: it was named only after
+    the save's 600 s (~11 s at hang_timeout 10 before the save's allowance; 300 s at the default). A healthy writer as
+    slow keeps the save's allowance."""
+    since = 1000.0
+    records = {0: {"phase": "save (waiting)", "since": since, "step_seconds": 1.0},
+               1: {"phase": phase, "since": since - 1.0, "step_seconds": 1.0}}
+    assert progress.hung(records, since + 11.0, 10.0, stopped={1}) == (1, 12.0)
+    assert progress.hung(records, since + progress.DEFAULT, None, stopped={1}) == (1, progress.DEFAULT + 1.0)
+    assert progress.hung(records, since + 11.0, 10.0) is None  # not stopped: a slow save, not a hang
+    assert progress.hung(records, since + progress.DEFAULT, None) is None

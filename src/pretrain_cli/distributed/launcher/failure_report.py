@@ -32,9 +32,13 @@ FAILED = "Container failed"  # the start of the launcher's ERROR record of a fai
 ENDING = re.compile(r"error: |" + rank_log.VERDICT.pattern)
 # a rank's fatal crash (`rank_log.crash_line`), which launch.sh's account names and its workerlog keeps in full: gloo's
 # 30 s timeout aborting the rank waiting for a stopped peer, with every thread's stack, Paddle's C++ traceback and
-# FatalError, or raised in a Python collective as a traceback; an uncaught error's traceback (launch.sh quotes its end);
-# it lasts until the rank's next line of its own log (`rank_log.LOGGED`: a crash it survived, a Paddle error caught
-# and logged, a traceback printed and gone on from, ends there)
+# FatalError; it lasts until the rank's next line of its own log (`rank_log.LOGGED`: a crash it survived, a Paddle
+# error caught and logged, ends there). A Python traceback is held until its exception line (`_Console._held`): one
+# crash only where that line is gloo's (its timeout raised in a Python collective: ~50 lines) or the rank recorded
+# `crashed` (an uncaught error: launch.sh's account quotes its end); else it is the rank's own (`logger.exception` of a
+# failure it goes on from, a dying thread's, `--debug`'s) and stays on the console
+PYTHON_STARTS = (rank_log.TRACEBACK, rank_log.GROUP.lstrip())
+THREAD = "Exception in thread "  # (threading's line before a dying thread's traceback)
 
 
 def _crashed(line: str, before: bool) -> bool:
@@ -60,13 +64,18 @@ class _Console:
         self.part, self.blank = "", ""
         self.dropped: list[str] = []
         self.crashed = False  # a crash's line was seen, and no line of the rank's own log since
+        self.held: list[str] = []  # a Python traceback (and the blank lines before it), until its exception line
+        self.kind = "plain"  # the held one's: "plain", "group" (an ExceptionGroup's), "thread" (its line only, yet)
 
     def write(self, text: str) -> None:
         *lines, self.part = (self.part + text).split("\n")
         for line in lines:
             if not line.strip():
-                self.blank += line + "\n"
-            else:
+                if self.held:
+                    self.held.append(line + "\n")
+                else:
+                    self.blank += line + "\n"
+            elif not self._held(line):
                 self.crashed = _crashed(line, self.crashed)
                 if self.crashed or ENDING.match(line):
                     self.dropped = [*self.dropped, line + "\n"][-self.KEPT:]
@@ -74,13 +83,65 @@ class _Console:
                     sys.stdout.write(self.blank + line + "\n")
                 self.blank = ""
 
+    def _held(self, line: str) -> bool:
+        """Whether `line` is taken into a held Python traceback, which its exception line decides (`_decide`): its
+        start (threading's `Exception in thread` line, a traceback's first line outside a crash), a frame, or that
+        line. An ExceptionGroup's lines are `|`/`+`-framed: it is decided at its first line outside them."""
+        start = line.lstrip().startswith(PYTHON_STARTS)
+        group = line.lstrip().startswith(PYTHON_STARTS[1])
+        if not self.held:
+            if self.crashed or not (start or line.startswith(THREAD)):
+                return False
+            self.held, self.blank = [self.blank, line + "\n"], ""
+            self.kind = "thread" if not start else "group" if group else "plain"
+            return True
+        if ENDING.match(line) or rank_log.LOGGED.match(line):  # (no exception line came: the rank's own)
+            self._release()
+            return False
+        if self.kind == "thread":  # its traceback follows, else it was the rank's own line
+            if not start:
+                self._release()
+                return False
+            self.kind = "group" if group else "plain"
+        elif self.kind == "group" and not line.lstrip().startswith(("|", "+")):
+            self._decide(any(rank_log.crash_line(x) for x in self.held if not x.lstrip().startswith(PYTHON_STARTS)))
+            return False
+        self.held.append(line + "\n")
+        if self.kind == "plain" and not (line[:1].isspace() or start):  # its exception line
+            self._decide(rank_log.crash_line(line))
+        return True
+
+    def _decide(self, gloo: bool) -> None:
+        """The held traceback is a crash (left out, and what follows it until the rank's next logged line) where its
+        exception is gloo's or the rank recorded `crashed`; else it goes to the console."""
+        if gloo or _recorded_crash():
+            self.dropped = [*self.dropped, *(x for x in self.held if x.strip())][-self.KEPT:]
+            self.held, self.crashed = [], True
+        else:
+            self._release()
+
+    def _release(self) -> None:
+        sys.stdout.write("".join(self.held))
+        self.held = []
+
     def flush(self) -> None:
-        if self.part and (_crashed(self.part, self.crashed) or ENDING.match(self.part)):
+        if self.held:  # (no exception line came: the rank's own, as far as the console can tell)
+            self._release()
+        if self.part and self.part.lstrip().startswith(PYTHON_STARTS) and not self.crashed:
+            sys.stdout.write(self.blank + self.part)
+        elif self.part and (_crashed(self.part, self.crashed) or ENDING.match(self.part)):
             self.dropped = [*self.dropped, self.part][-self.KEPT:]
         else:  # (blank lines with no ending line after them are the rank's own)
             sys.stdout.write(self.blank + self.part)
         self.part = self.blank = ""
         sys.stdout.flush()
+
+
+def _recorded_crash() -> bool:
+    """Whether the rank the console copies (local rank 0) recorded an uncaught error (`job.record`'s `crashed`,
+    written before its traceback is printed): launch.sh's account quotes that traceback's end."""
+    return any(r.get("kind") == "crashed" and str(r.get("local", "")) == "0"
+               for r in job.read_records(job.verdict_dir()))
 
 
 class _Held(logging.Filter):

@@ -37,9 +37,9 @@ TRACEBACK, GROUP = "Traceback (most recent call last):", "  + Exception Group Tr
 # how a rank's fatal crash, or its reaction to a lost peer, starts (the one list: the launcher's console copy of rank 0
 # leaves it out, `failure_report`; a watcher drops it from a survivor's output, `watcher.before_abort`): a line starting
 # with gloo's C++ abort (`terminate called ... gloo::TimeoutException`, its `what():`), Python's fatal-error report, a
-# Python traceback (gloo's timeout raised in a Python collective, `RuntimeError: [.../gloo/...] TIMEOUT`, whose
-# exception line alone matched below and left the traceback's frames on the console, 47 lines; an uncaught error,
-# whose end launch.sh's account quotes), Paddle's C++ traceback, its summary and FatalError, or holding gloo's own forms
+# Python traceback (after a peer's loss, the reaction: gloo's timeout raised in a Python collective, `RuntimeError:
+# [.../gloo/...] TIMEOUT`; the console holds one to its exception line and leaves it out only where that is gloo's or
+# the rank recorded an uncaught error, `failure_report._Console`), Paddle's C++ traceback, its summary and FatalError, or holding gloo's own forms
 # (its C++ names, Paddle's gloo process group, gloo's enforce) or a place in gloo's sources, wherever gloo was built
 # (the wheel's `/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:589`, a build's `gloo/transport/tcp/pair.cc:589`)
 CRASH_STARTS = ("terminate called", "what():", "Fatal Python error", TRACEBACK, GROUP.lstrip(), "C++ Traceback",
