@@ -37,6 +37,28 @@ def test_an_eval_split_smaller_than_its_batches_is_noted():
                                                   "eval windows are kept, above, so the curve goes on comparable)")
 
 
+def test_a_blend_s_eval_split_is_judged_per_source_by_its_weight():
+    """Weights 3:1, eval_iters 4 x 8 = 32 samples read: 24 from a, 8 from b. a holding 30 and b 3 is 33 samples in
+    all, more than 32, and said nothing; b's 3 are fewer than its 8, so its samples repeat. The eval_iters named
+    reads none twice (eval_iters 1: a 6, b 2). a holding 20 and b 8 repeat a's."""
+    from types import SimpleNamespace
+
+    from pretrain_cli.data.blend import BlendedDataset
+    from pretrain_cli.orchestration.resumed import eval_repeats
+
+    run = resolve_run("--do_eval", "true", "--eval_iters", "4", "--per_device_eval_batch_size", "8")
+    blend = BlendedDataset([list(range(30)), list(range(3))], [3.0, 1.0], ["a", "b"])
+    assert eval_repeats(run, SimpleNamespace(get={"valid": blend, "test": None}.get)) == [
+        "eval: the valid split of the blend reads eval_iters 4 x per_device_eval_batch_size 8 x 1 data rank = 32 "
+        "samples: b gives 8 of them by its weight and holds 3 samples, so evaluation repeats samples; eval_iters 1 "
+        "reads each once"]
+    other = BlendedDataset([list(range(20)), list(range(8))], [3.0, 1.0], ["a", "b"])
+    assert eval_repeats(run, SimpleNamespace(get={"valid": other, "test": None}.get))[0].split(": ", 2)[2].startswith(
+        "a gives 24 of them by its weight and holds 20 samples, so")
+    enough = BlendedDataset([list(range(24)), list(range(8))], [3.0, 1.0], ["a", "b"])
+    assert eval_repeats(run, SimpleNamespace(get={"valid": enough, "test": None}.get)) == []
+
+
 def test_one_perplexity_rule_for_every_evaluation():
     """The trainer capped perplexity at exp(50) and `eval` at exp(700): one rule now."""
     from pretrain_cli import runtime

@@ -70,3 +70,29 @@ def test_the_split_named_for_a_blend_fixes_every_source_at_once(tmp_path, capsys
                               'evaluation repeats them), or turn off do_predict'), lines
     code, lines = _check(tmp_path, capsys, 0, 128, "--world_size", "8", "--split", _suggested(lines), input_dir=blend)
     assert code == 0 and lines[-1].startswith("check: OK"), lines
+    # the run's note says it as the suggestion judged it, per source by its weight's share (it said the blend's
+    # "test split holds 4 samples", its sources' summed)
+    said = [line.strip() for line in lines if "repeats samples" in line]
+    assert said[1] == ("note: eval: the test split of the blend reads test_iters 20 (10 x eval_iters 2: the test pass "
+                       "reads ten times as many batches, as PaddleNLP's run_pretrain.py) x per_device_eval_batch_size "
+                       "1 x 8 data ranks = 160 samples: a gives 80 of them by its weight and holds 3 samples; b gives "
+                       "80 of them by its weight and holds 1 sample, so evaluation repeats samples; even eval_iters 1 "
+                       "reads 80 samples here (test_iters 10 x per_device_eval_batch_size 1 x 8 data ranks): give the "
+                       "test split a larger share of `split`, or lower per_device_eval_batch_size"), said
+
+
+def test_a_blend_s_sources_each_hold_their_weight_s_share_of_the_samples_read(tmp_path, capsys):
+    """Two sources of 400 documents, weights 1 and 1, 16-token samples on 2 data ranks: the test pass reads 40
+    samples, 20 from each source, so each test split needs 20, not 40 (the whole count, which took 27 in 1,000 of
+    the data for the test split); `check` with the value named says no evaluation repeats."""
+    a = write_tokens(tmp_path / "a", n_docs=400, doc_len=64)
+    b = write_tokens(tmp_path / "b", n_docs=400, doc_len=64)
+    code, lines = _check(tmp_path, capsys, 0, 16, "--world_size", "2", input_dir=f"1 {a} 1 {b}")
+    assert code == 2
+    assert lines[-1].endswith('set split: "936,50,14" (every source\'s valid split would then hold at least 79 samples '
+                              'and its test split at least 23 samples, each source\'s share by its weight of the '
+                              'samples the run reads), or turn off do_predict'), lines
+    code, lines = _check(tmp_path, capsys, 0, 16, "--world_size", "2", "--split", _suggested(lines),
+                         input_dir=f"1 {a} 1 {b}")
+    assert code == 0 and lines[-1].startswith("check: OK"), lines
+    assert not [line for line in lines if "repeats samples" in line], lines

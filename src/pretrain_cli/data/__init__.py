@@ -145,12 +145,12 @@ def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode
         special = special_ids(tokenizer, getattr(tokenizer, "path", "tokenizer"))
     sources, opened = [], [(weight, open_token_file(prefix, key="input_dir"))
                            for weight, prefix in parse_input_dir(input_dir)]
+    opened = [(float(src.num_tokens) if w is None else w, src) for w, src in opened]  # a directory's files: by size
     for weight, src in opened:
         if vocab_size is not None:
             check_token_ids(src, vocab_size, fix=_vocabulary_fix(src, tokenizer))
         splits = split_datasets(src, split, max_seq_length, seed, sample_mode, need, special, data_cache,
-                                document_mask, reset_position_ids, split_text, [s for _, s in opened])
-        weight = float(src.num_tokens) if weight is None else weight  # a directory's files: by size
+                                document_mask, reset_position_ids, split_text, opened)
         sources.append({"prefix": src.prefix, "weight": weight, "dataset": src, "splits": splits})
     check_tokenizer([s["prefix"] for s in sources], tokenizer)
     out = DataSplits(sources=sources)

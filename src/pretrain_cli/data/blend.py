@@ -159,3 +159,27 @@ def _nth_start(dataset, j0: int, n: int, t: int) -> int:
 
 def source_name(prefix: str) -> str:
     return os.path.basename(prefix) or prefix
+
+
+def source_reads(weights, n: int) -> list[int]:
+    """The samples reading positions 0 .. n - 1 of a blend of these weights takes from each source: the interleave's
+    own count (its rounding is not a fixed rule: `round(n * w_k)` undercounts some sources by one)."""
+    return BlendedDataset([()] * len(weights), list(weights)).source_counts(n).tolist()
+
+
+def short_sources(held: list[int], weights, n: int) -> list[int]:
+    """The sources (indices) whose split, holding `held` samples each, is smaller than what reading n samples of
+    their blend takes from it, so that reading repeats their samples. The one judge of "evaluation repeats
+    samples": `check`'s suggested `split` (`samples._split_for`) and the run's note (`resumed.eval_repeats`)."""
+    return [k for k, (h, r) in enumerate(zip(held, source_reads(weights, n))) if h < r]
+
+
+def reads_within(held: list[int], weights, step: int) -> int:
+    """The most multiples of `step` samples the blend reads without repeating any source's (`short_sources`)."""
+    w = np.asarray(weights, dtype=np.float64) / np.sum(weights)
+    m = int(min(h / x for h, x in zip(held, w)) // step)  # (within a sample per source of the answer)
+    while m > 0 and short_sources(held, weights, m * step):
+        m -= 1
+    while not short_sources(held, weights, (m + 1) * step):
+        m += 1
+    return m

@@ -299,28 +299,45 @@ def apply_resume(spec, saved: CheckpointDir | None) -> tuple[Arguments, RunConfi
 
 
 def eval_repeats(run: RunConfig, splits) -> list[str]:
-    """Notes for an eval or test split smaller than the batches that evaluate it (the samples repeat). The test pass
-    reads `test_iters` batches, 10 x eval_iters as PaddleNLP's run_pretrain.py (`config.resolve`), and the note says
-    where that 10 comes from: "10 x eval_iters 3" alone read as an unexplained factor."""
+    """Notes for an eval or test split smaller than the batches that evaluate it (the samples repeat); a blend's, per
+    source, by its weight's share of those batches (`blend.short_sources`: the judge `check`'s suggested split asks
+    too). The test pass reads `test_iters` batches, 10 x eval_iters as PaddleNLP's run_pretrain.py
+    (`config.resolve`), and the note says where that 10 comes from: "10 x eval_iters 3" alone read as an
+    unexplained factor."""
+    from pretrain_cli.data.blend import BlendedDataset, reads_within, short_sources, source_reads
+
     lp, world, notes = run.loop, run.parallel.data_world_size, []
     ranks = f"{world} data rank{'s' if world != 1 else ''}"
     for split, on, iters in (("valid", lp.do_eval, lp.eval_iters), ("test", lp.do_predict, lp.test_iters)):
         ds = splits.get(split)
         need = iters * lp.eval_batch * world
-        if on and ds is not None and len(ds) < need:
-            per = iters // max(1, lp.eval_iters)  # test: 10 batches per eval_iter
-            read = (f"eval_iters {lp.eval_iters}" if split == "valid" else
-                    f"test_iters {iters} (10 x eval_iters {lp.eval_iters}: the test pass reads ten times as many "
-                    f"batches, as PaddleNLP's run_pretrain.py)")
-            once = len(ds) // (per * lp.eval_batch * world)  # the eval_iters that read each sample at most once
-            kept = split == "valid" and any(n.startswith("eval: eval_iters ") and " keeps the " in n for n in run.notes)
-            fix = ("as the checkpoint's run did (its eval windows are kept, above, so the curve goes on comparable)"
-                   if kept else f"eval_iters {once} reads each once" if once else
-                   f"even eval_iters 1 reads {per * lp.eval_batch * world} samples here "
-                   f"({'test_iters 10 x ' * (per > 1)}"
-                   f"per_device_eval_batch_size {lp.eval_batch} x {ranks}): give the {split} split a larger share of "
-                   f"`split`, or lower per_device_eval_batch_size")
-            notes.append(f"eval: the {split} split holds {count(len(ds), 'sample')}, fewer than {read} x "
-                         f"per_device_eval_batch_size {lp.eval_batch} x {ranks} = {need}, so evaluation repeats "
-                         f"samples; {fix}")
+        if not on or ds is None:
+            continue
+        blend = isinstance(ds, BlendedDataset)
+        held, weights = ([len(d) for d in ds.datasets], list(ds.weights)) if blend else ([len(ds)], [1.0])
+        short = short_sources(held, weights, need)
+        if not short:
+            continue
+        per = iters // max(1, lp.eval_iters)  # test: 10 batches per eval_iter
+        read = (f"eval_iters {lp.eval_iters}" if split == "valid" else
+                f"test_iters {iters} (10 x eval_iters {lp.eval_iters}: the test pass reads ten times as many "
+                f"batches, as PaddleNLP's run_pretrain.py)")
+        once = reads_within(held, weights, per * lp.eval_batch * world)  # eval_iters reading each sample once
+        kept = split == "valid" and any(n.startswith("eval: eval_iters ") and " keeps the " in n for n in run.notes)
+        fix = ("as the checkpoint's run did (its eval windows are kept, above, so the curve goes on comparable)"
+               if kept else f"eval_iters {once} reads each once" if once else
+               f"even eval_iters 1 reads {per * lp.eval_batch * world} samples here "
+               f"({'test_iters 10 x ' * (per > 1)}"
+               f"per_device_eval_batch_size {lp.eval_batch} x {ranks}): give the {split} split a larger share of "
+               f"`split`, or lower per_device_eval_batch_size")
+        total = f"{read} x per_device_eval_batch_size {lp.eval_batch} x {ranks} = {need}"
+        if blend:
+            taken = source_reads(weights, need)
+            holds = "; ".join(f"{ds.names[k]} gives {taken[k]:,} of them by its weight and holds "
+                              f"{count(held[k], 'sample')}" for k in short)
+            notes.append(f"eval: the {split} split of the blend reads {total} samples: {holds}, so evaluation "
+                         f"repeats samples; {fix}")
+        else:
+            notes.append(f"eval: the {split} split holds {count(held[0], 'sample')}, fewer than {total}, so "
+                         f"evaluation repeats samples; {fix}")
     return notes
