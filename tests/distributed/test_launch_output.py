@@ -29,9 +29,10 @@ def test_launched_run_is_quiet_and_logs_into_its_output_dir(corpus, tmp_path):
     assert "LAUNCH INFO" not in p.stdout + p.stderr  # the launcher's ~30 configuration lines (LAUNCH_LOG_LEVEL)
     # the user's OMP_NUM_THREADS=1 survives the launcher's own, and each rank says what it computes with
     assert "threads: 1 per process (PRETRAIN_CLI_THREADS=1)" in logs[0] + logs[1]
-    # the run ends, on the console and once, with rank 0's closing metrics, then where its model is
+    # the run ends, on the console and once, with rank 0's closing metrics and PaddleNLP's ips, then where its model is
     said = [ln.split("] - ", 1)[-1] for ln in p.stdout.splitlines() if ln.strip()]
-    assert said[-7] == "***** train metrics *****" and said[-6].split() == ["progress_or_epoch", "=", "1.0"], said[-9:]
+    assert said[-9] == "***** train metrics *****" and said[-8].split() == ["progress_or_epoch", "=", "1.0"], said[-9:]
+    assert said[-3].startswith("Effective Tokens per second: ") and said[-2].startswith("ips: "), said[-9:]
     assert said[-1].startswith("train: done at step 3; the final model, Hugging Face format (float32 weights), is in "
                                "out: pretrain-cli eval --model out; "), said[-9:]
     assert (p.stdout + p.stderr).count("***** train metrics *****") == 1 and "train metrics" not in logs[1]

@@ -41,6 +41,16 @@ def _block(lines, results=None):
     return shown
 
 
+def _ips(said, results, steps, tokens_a_step=4 * 32):
+    """PaddleNLP's last two lines just before the line saying where the model is: its `total_effective_tokens`,
+    `steps` (max_steps) x the tokens a step, every one of them whether this launch trained it or not, over the
+    block's `train_runtime` (every launch's). Returns `said` without them."""
+    rate = steps * tokens_a_step / results["train_runtime"]
+    assert said[-3] == f"Effective Tokens per second: {rate:.2f}" and said[-2] == f"ips: {rate:.2f} tokens/s", \
+        said[-4:]
+    return said[:-3] + said[-1:]
+
+
 def _records(out, kind):
     return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
@@ -69,6 +79,7 @@ def test_a_finished_run_ends_with_its_metrics_then_where_its_model_is(corpus, tm
     said = _said(captured.out)
     results = json.loads((out / "train_results.json").read_text())
     assert results["progress_or_epoch"] == 1.0 and results["train_steps_per_second"] > 0
+    said = _ips(said, results, 3)
     assert said[-9].startswith("final export: writing float32 weights (export_dtype;") and said[-9].endswith(str(out))
     assert re.fullmatch(rf"final export: written to {re.escape(str(out))} in \d+\.\d s \(model\.safetensors, "
                         r"\d+\.\d MiB\)", said[-8]), said[-8]
@@ -87,7 +98,7 @@ def test_a_finished_run_ends_with_its_metrics_then_where_its_model_is(corpus, tm
     # the same command again: nothing trained; the run's metrics as recorded, where its model is; recorded no more
     before = (out / "metrics.jsonl").read_text()
     assert cli_main(["train", cfg]) == 0
-    said = _said(capsys.readouterr().out)
+    said = _ips(_said(capsys.readouterr().out), results, 3)
     assert said[-8] == "already at max_steps=3: nothing to train; raise max_steps to continue"
     _block(said[-7:-1], results)
     assert said[-1].startswith(f"train: nothing trained now; the final model of step 3 (Hugging Face format, written "
@@ -124,8 +135,8 @@ def test_a_stopped_run_ends_with_its_metrics_so_far_and_how_to_go_on(corpus, tmp
     assert not _records(out, "train_metrics") and not (out / "train_results.json").exists()
     monkeypatch.undo()
     assert cli_main(["train", cfg]) == 0
-    said = _said(capsys.readouterr().out)
     results = json.loads((out / "train_results.json").read_text())
+    said = _ips(_said(capsys.readouterr().out), results, 4)  # 4 steps (2 trained before the stop), all launches' time
     _block(said[-7:-1], results)
     assert said[-1].startswith("train: done at step 4; ")
     assert [r["step"] for r in _records(out, "train_metrics")] == [4]
@@ -168,12 +179,19 @@ def test_do_predict_ends_with_the_test_block_and_an_eval_only_run_with_its_eval_
     cfg = write_config(tmp_path, corpus, max_steps=2, save_steps=10, do_eval=True, eval_steps=10, do_predict=True,
                        eval_iters=1)
     assert cli_main(["train", cfg]) == 0
-    said = _said(capsys.readouterr().out)
     results = json.loads((out / "all_results.json").read_text())
+    said = _ips(_said(capsys.readouterr().out), results, 2)
     test_keys = sorted(k for k in results if k.startswith("test_"))
-    # PaddleNLP's predict block: test_loss, test_runtime, test_samples_per_second, test_steps_per_second; ours has
-    # perplexity and the tokens scored, and no steps/s (docs/TRAINING.md, "How `train` ends")
-    assert test_keys == ["test_loss", "test_ppl", "test_runtime", "test_samples_per_second", "test_tokens"]
+    # PaddleNLP's predict block: test_loss, test_runtime, test_samples_per_second, test_steps_per_second; ours adds
+    # perplexity and the tokens scored (docs/TRAINING.md, "How `train` ends")
+    assert test_keys == ["test_loss", "test_ppl", "test_runtime", "test_samples_per_second", "test_steps_per_second",
+                         "test_tokens"]
+    # the eval line: PaddleNLP's keys first, in its order (its Trainer's `evaluate`, then `log`), then ours
+    (evals,) = [ln for ln in said if ln.startswith("eval_loss: ")]
+    assert [kv.split(": ")[0] for kv in evals.split(", ")] == [
+        "eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "progress_or_epoch",
+        "eval_ppl", "eval_tokens", "global_step"], evals
+    assert results["eval_steps_per_second"] == pytest.approx(results["eval_samples_per_second"] / 4, rel=1e-3)
     _test_block(said, results)
     _block(said[-len(test_keys) - 8:-len(test_keys) - 2], results)  # the train block just before it
     assert said[-1].startswith("train: done at step 2; ")
@@ -181,7 +199,7 @@ def test_do_predict_ends_with_the_test_block_and_an_eval_only_run_with_its_eval_
 
     # the same command again: the blocks it printed, read back from all_results.json, then where its model is
     assert cli_main(["train", cfg]) == 0
-    said = _said(capsys.readouterr().out)
+    said = _ips(_said(capsys.readouterr().out), results, 2)
     _test_block(said, results)
     _block(said[-len(test_keys) - 8:-len(test_keys) - 2], results)
     assert said[-1].startswith("train: nothing trained now; the final model of step 2 ")
@@ -189,5 +207,5 @@ def test_do_predict_ends_with_the_test_block_and_an_eval_only_run_with_its_eval_
     assert cli_main(["train", cfg, "--do_train", "false", "--do_predict", "false"]) == 0
     said = _said(capsys.readouterr().out)
     assert said[-1].startswith("eval_loss: "), said[-3:]
-    assert not any("metrics *****" in ln for ln in said)
+    assert not any("metrics *****" in ln or ln.startswith(("Effective Tokens", "ips: ")) for ln in said)
 

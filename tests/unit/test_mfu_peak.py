@@ -62,7 +62,8 @@ def _line_keys(device: str, monkeypatch) -> list[str]:
 
     lines = []
     monkeypatch.setattr(train_log, "log", NS(info=lines.append))
-    cuda = NS(max_memory_allocated=lambda: 2**31, max_memory_reserved=lambda: 2**32)
+    cuda = NS(memory_allocated=lambda: 2**30, memory_reserved=lambda: 3 * 2**30, max_memory_allocated=lambda: 2**31,
+              max_memory_reserved=lambda: 2**32)
     monkeypatch.setitem(sys.modules, "paddle", NS(device=NS(cuda=cuda)))
 
     class Trainer(train_log.TrainLog):
@@ -83,8 +84,9 @@ def _line_keys(device: str, monkeypatch) -> list[str]:
 
 
 def test_the_whole_line_has_the_documented_order(monkeypatch):
-    """docs/TRAINING.md's example line (a CPU run) has the keys `_log` prints, in its order; on a GPU the memory
-    keys PaddleNLP logs before `interval_runtime` come after the host memory ones, where TRAINING.md says."""
+    """docs/TRAINING.md's example line (a CPU run) has the keys `_log` prints, in its order: PaddleNLP's first, in
+    its order and adjacent (a grep for `global_step: 60, interval_runtime` finds the line), then ours; on a GPU the
+    device memory keys PaddleNLP logs before `interval_runtime`, current and peak, where it logs them."""
     import re
     from pathlib import Path
 
@@ -92,8 +94,12 @@ def test_the_whole_line_has_the_documented_order(monkeypatch):
     example = doc.split("## Log line", 1)[1].split("```", 2)[1]
     shown = [k.split(": ", 1)[0] for k in re.sub(r"\s*\n", " ", example.split("] - ", 1)[1]).strip().split(", ")]
     cpu = _line_keys("cpu", monkeypatch)
-    assert cpu == shown and cpu[:4] == ["loss", "learning_rate", "global_step", "eta"]
+    paddlenlp = ["loss", "learning_rate", "global_step", "interval_runtime", "interval_samples_per_second",
+                 "interval_tokens_per_second_per_device", "interval_hardware_tflops_per_device",
+                 "interval_steps_per_second", "progress_or_epoch"]  # PaddleNLP's Trainer's, in its order
+    assert cpu == shown and cpu[:9] == paddlenlp and cpu[9] == "eta"
     gpu = _line_keys("gpu", monkeypatch)
-    at = gpu.index("host_memory_peak_gib") + 1
-    assert gpu[at:at + 2] == ["max_memory_allocated", "max_memory_reserved"] and gpu[:at] + gpu[at + 2:] == cpu
-    assert "`max_memory_allocated`, `max_memory_reserved` after `host_memory_peak_gib`" in doc
+    assert gpu[3:7] == ["current_memory_allocated", "current_memory_reserved", "max_memory_allocated",
+                        "max_memory_reserved"] and gpu[:3] + gpu[7:] == cpu
+    assert "| `current_memory_allocated`, `current_memory_reserved`, `max_memory_allocated`, `max_memory_reserved` | " \
+           "on GPU only (none on CPU, as in PaddleNLP), after `global_step`" in doc

@@ -34,8 +34,21 @@ def progress_or_epoch(global_step: int, max_steps: int) -> float:
 
 
 def closing_metrics(results: dict) -> dict:
-    """The closing keys of `results` (train_results.json's keys, `run_end.train_results`), those it holds."""
-    return {k: results[k] for k in CLOSING_KEYS if k in results}
+    """The closing keys of `results` (train_results.json's keys, `run_end.train_results`), those it holds; none
+    where it trained nothing (no `train_runtime`): an evaluation-only run's eval keys hold a `progress_or_epoch`."""
+    return {k: results[k] for k in CLOSING_KEYS if k in results} if "train_runtime" in results else {}
+
+
+def effective_tokens_lines(results: dict, tokens: int) -> list[str]:
+    """PaddleNLP run_pretrain's last two lines, in its words: its `total_effective_tokens` (`tokens`: per-device
+    batch x dataset world size x max_steps x accumulation x max_seq_length, every step to max_steps whether this
+    launch trained it or not) over `train_runtime`. Ours is the one the train block shows, every launch's time, so
+    after a resume the figure is the whole run's rate where PaddleNLP's (over its launch's time) counts steps it did
+    not train (docs/TRAINING.md, "How `train` ends"); none where nothing was trained."""
+    if "train_runtime" not in results:
+        return []
+    rate = tokens / max(results["train_runtime"], 1e-9)
+    return [f"Effective Tokens per second: {rate:.2f}", f"ips: {rate:.2f} tokens/s"]
 
 
 def _runtime(secs: float) -> str:
@@ -58,12 +71,16 @@ def log_block(metrics: dict, split: str = "train") -> None:
         log.info(line)
 
 
-def log_blocks(results: dict) -> None:
+def log_blocks(results: dict, tokens: int) -> None:
     """The blocks PaddleNLP's run_pretrain ends with, of the final `results` (`run_end.finish`'s): the train block
     (`closing_metrics`; none in a run that does not train), then do_predict's `log_metrics("test", ...)` (its
-    `test_*` keys). It prints no eval block: it evaluates only inside training, where each eval line says it."""
+    `test_*` keys), then its effective tokens per second and `ips` (`effective_tokens_lines`; `tokens`: the run's
+    max_steps x tokens a step). It prints no eval block: it evaluates only inside training, where each eval line
+    says it."""
     log_block(closing_metrics(results))
     log_block({k: v for k, v in results.items() if k.startswith("test_")}, "test")
+    for line in effective_tokens_lines(results, tokens):
+        log.info(line)
 
 
 def _commands(model: str) -> tuple[str, str]:

@@ -19,6 +19,24 @@ def perplexity(loss: float) -> float:
     return math.exp(min(loss, PPL_CAP_LOSS))
 
 
+def line_values(prefix: str, loss: float, tokens: float, runtime: float, batches: int, samples: int, step: int,
+                max_steps: int) -> dict:
+    """An evaluation's log line and record (`prefix` eval or test): PaddleNLP's evaluation keys first, in its order
+    (`loss`, `runtime`, `samples_per_second`, `steps_per_second` of its `speed_metrics`: `batches` of the global
+    `samples`, each data rank's slice of every batch one step), then the eval line's `progress_or_epoch`, which its
+    `log` adds (its predict logs no line: the test keys have none; nor has an evaluation-only run without a
+    max_steps); then ours."""
+    from pretrain_cli.training.closing import progress_or_epoch
+
+    values = {f"{prefix}_loss": loss, f"{prefix}_runtime": round(runtime, 4),
+              f"{prefix}_samples_per_second": round(samples / runtime, 4),
+              f"{prefix}_steps_per_second": round(batches / runtime, 4)}
+    if prefix == "eval" and max_steps > 0:
+        values["progress_or_epoch"] = progress_or_epoch(step, max_steps)
+    return {**values, f"{prefix}_ppl": round(perplexity(loss), 4), f"{prefix}_tokens": int(tokens),
+            "global_step": step}
+
+
 def model_inputs(batch: dict, shard=None) -> tuple:
     """(input_ids, {name: tensor} of the packed-document fields the batch carries, labels) as tensors for
     `model(ids, **kw)`; a causal batch carries no fields, so the call is the plain `model(ids)`. `shard` (a

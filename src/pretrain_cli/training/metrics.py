@@ -245,6 +245,32 @@ class MetricsWriter:
             tracker.close()
 
 
+# PaddleNLP's log-line keys in its order (its Trainer's log dict, `progress_or_epoch` added last by its `log`), the
+# memory ones on a device only: kept first and adjacent, so what is grepped or parsed for them (`global_step: 60,
+# interval_runtime`) finds ours too; our keys (`eta`, `tokens_seen`, ...) follow them
+PADDLENLP_LINE = ("loss", "learning_rate", "global_step", "current_memory_allocated", "current_memory_reserved",
+                  "max_memory_allocated", "max_memory_reserved", "interval_runtime", "interval_samples_per_second",
+                  "interval_tokens_per_second_per_device", "interval_hardware_tflops_per_device",
+                  "interval_steps_per_second", "progress_or_epoch")
+
+
+def paddlenlp_first(values: dict, keys: tuple = PADDLENLP_LINE) -> dict:
+    """`values` with those of `keys` first, in that order, then the others in theirs."""
+    return {**{k: values[k] for k in keys if k in values}, **{k: v for k, v in values.items() if k not in keys}}
+
+
+def device_memory_gib() -> dict:
+    """PaddleNLP's device memory keys: the GPU allocator's current and peak allocated and reserved bytes / 2**30
+    (the statistics its `device_memory_stat_*_value` reads; a CPU run has none, as in PaddleNLP)."""
+    import paddle
+
+    gib = lambda n: round(n / 2**30, 4)  # noqa: E731
+    return {"current_memory_allocated": gib(paddle.device.cuda.memory_allocated()),
+            "current_memory_reserved": gib(paddle.device.cuda.memory_reserved()),
+            "max_memory_allocated": gib(paddle.device.cuda.max_memory_allocated()),
+            "max_memory_reserved": gib(paddle.device.cuda.max_memory_reserved())}
+
+
 def format_line(values: dict) -> str:
     """`key: value, key: value` with PaddleNLP's number formats."""
     parts = []

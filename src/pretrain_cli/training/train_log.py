@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sys
 
-from pretrain_cli.training.metrics import ETA_WINDOW, format_line, host_memory_gib, log
+from pretrain_cli.training.metrics import (ETA_WINDOW, device_memory_gib, format_line, host_memory_gib, log,
+                                          paddlenlp_first)
 from pretrain_cli.training.closing import progress_or_epoch
 
 
@@ -32,10 +33,7 @@ class TrainLog:
             cur, peak = host_memory_gib()
             values.update({"host_memory_gib": round(cur, 4), "host_memory_peak_gib": round(peak, 4)})
         if self.device == "gpu":
-            import paddle
-
-            values.update({"max_memory_allocated": round(paddle.device.cuda.max_memory_allocated() / 2**30, 4),
-                           "max_memory_reserved": round(paddle.device.cuda.max_memory_reserved() / 2**30, 4)})
+            values.update(device_memory_gib())
         values.update({"grad_norm": round(grad_norm, 6), "tokens_seen": s.tokens_seen,
                        "consumed_samples": s.consumed_samples, "batch_hash": s.last_batch_hash,
                        "progress_or_epoch": progress_or_epoch(s.global_step, self.loop.max_steps)})
@@ -45,6 +43,7 @@ class TrainLog:
 
             values.update(log_values(self.layout.raw_model, self.layout.strategy))
         s.interval_loss, s.interval_steps = 0.0, 0
+        values = paddlenlp_first(values)  # PaddleNLP's keys in its order, then ours
         log.info(format_line(values))
         self._record("train", values)
         if "moe_expert_share_per_layer" in values:

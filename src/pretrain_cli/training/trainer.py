@@ -21,7 +21,7 @@ from pretrain_cli.data.loader import BatchIterator
 from pretrain_cli.distributed.launcher import progress
 from pretrain_cli.errors import UserError
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
-from pretrain_cli.training.evaluation import loss_sum, perplexity, split_batches
+from pretrain_cli.training.evaluation import line_values, loss_sum, split_batches
 from pretrain_cli.training import node_loss
 from pretrain_cli.training.metrics import format_line, log
 from pretrain_cli.training.spike import SpikePolicy
@@ -373,10 +373,8 @@ class Trainer(TrainLog):
         loss = total / max(count, 1.0)
         runtime = time.perf_counter() - start
         prefix = "eval" if split == "valid" else "test"
-        values = {f"{prefix}_loss": loss, f"{prefix}_ppl": round(perplexity(loss), 4),
-                  f"{prefix}_runtime": round(runtime, 4),
-                  f"{prefix}_samples_per_second": round(iters * bs * p.data_world_size / runtime, 4),
-                  f"{prefix}_tokens": int(count), "global_step": self.state.global_step}
+        values = line_values(prefix, loss, count, runtime, iters, iters * bs * p.data_world_size,
+                             self.state.global_step, self.loop.max_steps)
         log.info(format_line(values))
         self._record(prefix, values)
         if split == "valid":
