@@ -168,11 +168,16 @@ def main(ns: argparse.Namespace) -> int:
     unfinished = previous_end(spec.run.output.output_dir)  # a lock a killed run left: train says it too
     if unfinished:
         print(unfinished)
+    from pretrain_cli.orchestration.opened import overwritten
+    from pretrain_cli.storage.checkpoint_dir import CheckpointDir
+
+    start = CheckpointDir(spec.resume).state["global_step"] if spec.resume is not None else 0  # (resume_from's)
+    if removed := overwritten(spec.run, start, (spec.model_dir, spec.tokenizer_dir)):  # what train removes first
+        print(f"warning: {removed}")
     for line in checkpoint_warning(spec, ns.world_size is None) + repetition_warning(spec):
         print(line)
     simulated = f" on {count(ns.world_size, 'process')} (simulated)" if ns.world_size is not None else ""
     if spec.resume is not None and spec.run.loop.do_train:
-        from pretrain_cli.storage.checkpoint_dir import CheckpointDir
         from pretrain_cli.training.run_end import nothing_to_train
 
         from pretrain_cli.training.resume_checks import data_changes

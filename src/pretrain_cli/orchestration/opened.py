@@ -249,3 +249,36 @@ def placeholder_config():
     from pretrain_cli.models.config import ModelConfig
 
     return ModelConfig(num_attention_heads=1, num_key_value_heads=1, intermediate_size=1)
+
+
+def _named(names: list[str], most: int = 4) -> str:
+    return ", ".join(names) if len(names) <= most else f"{', '.join(names[:most])}, ... {names[-1]}"
+
+
+def overwritten(run, start: int, reads=()) -> str | None:
+    """What a training run under `overwrite_output_dir` removes from output_dir as it opens it
+    (`training.run.open_output_dir`), named with their count before it does (`check`), or None: the checkpoints past
+    `start` (0, or resume_from_checkpoint's step), and an earlier run's final model unless the run reads its model or
+    tokenizer there (`reads`). PaddleNLP's overwrite_output_dir removes nothing (it only skips the resume), so a
+    PaddleNLP user's flag would otherwise lose them unannounced. They go at the start, not at this run's first save:
+    its args.json and metrics.jsonl are rewritten then, and a re-run or a launcher restart (without the flag) would
+    resume the earlier run's checkpoints into this run's records."""
+    from pretrain_cli.counts import count
+    from pretrain_cli.run_dir import ARGS_FILE, list_checkpoints
+    from pretrain_cli.training.export import earlier_final
+
+    out = Path(run.output.output_dir)
+    if not (run.loop.do_train and run.output.overwrite and out.is_dir()):
+        return None
+    gone = [p.name for n, p in list_checkpoints(out) if n > start]
+    what = [f"{count(len(gone), 'checkpoint')} past it ({_named(gone)})"] if gone else []
+    if (out / ARGS_FILE).is_file() and not any(d and Path(d).resolve() == out.resolve() for d in reads):
+        files, step = earlier_final(out)
+        if files:
+            what.append(f"the final model{'' if step is None else f' of step {step}'} an earlier run exported "
+                        f"({count(len(files), 'file')}: {_named([f.name for f in files])})")
+    if not what:
+        return None
+    return (f"overwrite_output_dir: train starts at step {start} and first removes from {out} {' and '.join(what)}; "
+            f"PaddleNLP's overwrite_output_dir removes nothing (it only skips the resume): to keep them, choose "
+            f"another output_dir")

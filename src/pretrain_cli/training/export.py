@@ -236,6 +236,16 @@ def unfinished_run(src, key: str, then: str) -> None:
                     f"which eval --model {src} reads")
 
 
+def earlier_final(out) -> tuple[list[Path], int | None]:
+    """(the files of the final model `remove_final` removes from `out`, [] where it removes none; its step): what
+    `check` names before a run starting over there removes them."""
+    has, step = final_step(out)
+    files = final_files(out)
+    if not has or all(f.name in FINAL_FILES for f in files):  # no weights an export of ours wrote
+        return [], step
+    return files, step
+
+
 def remove_final(out) -> str | None:
     """An earlier run's final export in `out`, removed by a run that starts over there (`overwrite_output_dir`):
     left in place, until this run writes its own, `eval` and `generate` on `out` (and transformers) took it for
@@ -243,9 +253,8 @@ def remove_final(out) -> str | None:
     (a consolidated.safetensors) are no export of ours, and are left, as is a model args.json records as there
     before the run (`final_step`: a download; the final export replaces it). Returns the line saying what went, or
     None."""
-    has, step = final_step(out)
-    files = final_files(out)
-    if not has or all(f.name in FINAL_FILES for f in files):  # no weights an export of ours wrote
+    files, step = earlier_final(out)
+    if not files:
         return None
     for f in files:
         f.unlink(missing_ok=True)
