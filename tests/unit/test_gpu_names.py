@@ -93,11 +93,14 @@ def test_a_pcie_card_of_an_nvlink_entry_is_planned_over_pcie():
 def test_plan_suggests_no_listed_card_of_the_family_a_name_has_no_entry_in():
     """`plan --device "H100 NVL"` once asked "did you mean H100?", the SXM card whose figures the NVL's are not."""
     from pretrain_cli.errors import UserError
+    from pretrain_cli.planning import device_names
     from pretrain_cli.planning.plan import target_device
 
-    listed = ", ".join(d.name for d in hardware.DEVICES.values())
+    listed = ", ".join(device_names.listed())
     for name, kin in (("H100 NVL", "H100-SXM and H100-PCIe are other cards"), ("GH200", "H200 is another card"),
-                      ("NVIDIA L40", "L4 is another card")):
+                      ("NVIDIA L40", "L4 is another card"), ("A10G", "A10 is another card"),
+                      ("A100 120GB", "A100-40GB and A100-80GB are other cards"), ("V100 PCIe", "V100-16GB and "
+                      "V100-32GB are other cards"), ("RTX 3090 Ti", "RTX3090 is another card")):
         with pytest.raises(UserError) as e:
             target_device(name)
         assert str(e.value) == (f"--device: {name!r} has no table entry ({kin}, with other figures); plan it as a "
@@ -105,3 +108,45 @@ def test_plan_suggests_no_listed_card_of_the_family_a_name_has_no_entry_in():
                                 f"N; listed: {listed} or cpu")
     with pytest.raises(UserError, match=r"unknown device 'H10' \(did you mean H100, H20 or A10\?\); use one of "):
         target_device("H10")
+
+
+
+@pytest.mark.parametrize("name, entry", [("A100 80 GB", "A100-80GB"), ("H100 80 GB", "H100-SXM"),
+                                         ("h200 141 gb", "H200"), ("T4 PCIe", "T4"), ("L40S PCIe", "L40S"),
+                                         ("A10 PCIe", "A10"), ("L4 PCIe", "L4"), ("RTX 4090 24 GB", "RTX4090"),
+                                         ("NVIDIA A100 80 GB PCIe", "A100-80GB-PCIe")])
+def test_a_size_in_two_words_and_a_pcie_only_cards_form_reach_their_entry(name, entry):
+    """They were refused as "another card, with other figures" (review R9 on ad22cdca): a size typed "80 GB" is
+    one memory size; T4, A10, L4, L40S and the RTX cards are PCIe cards, so "pcie" names the entry itself."""
+    from pretrain_cli.planning.plan import target_device
+
+    assert hardware.lookup(name).name == entry and target_device(name).name == entry
+
+
+@pytest.mark.parametrize("name, near", [("A100-80GBB", "A100-80GB, A800-80GB or A100-40GB"),
+                                        ("H1000", "H100, V100 or H800")])
+def test_a_typo_of_a_listed_card_gets_the_nearest_names_not_the_other_card_line(name, near):
+    """No mark of another card (NVL, a glued letter, a size or form its model lacks, a known name): a typo, answered
+    with the nearest names (it was "A100-40GB and A100-80GB are other cards, with other figures")."""
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.planning.plan import target_device
+
+    with pytest.raises(UserError) as e:
+        target_device(name)
+    assert str(e.value).startswith(f"--device: unknown device {name!r} (did you mean {near}?); use one of "), e.value
+
+
+def test_a_pcie_card_planned_from_an_nvlink_entry_names_its_pcie_siblings_and_is_listed():
+    """`plan --device "A100 PCIe"` named the SXM4 entries A100-40GB and A100-80GB as its other variants, and the
+    names `lookup` plans over PCIe were missing from "listed:"."""
+    from pretrain_cli.planning import device_names
+    from pretrain_cli.planning.plan import device_note, target_device
+
+    assert device_note("A100 PCIe", target_device("A100 PCIe")) == [
+        "device: --device A100 PCIe is planned as A100-80GB-PCIe (80 GiB, 312 TFLOPS half precision); name "
+        "A100-40GB-PCIe for another variant"]
+    assert device_note("H100", target_device("H100"))[0].endswith("; name H100-PCIe for another variant")
+    listed = device_names.listed()
+    assert listed[listed.index("A100-40GB"):listed.index("A800-80GB") + 2] == [
+        "A100-40GB", "A100-40GB-PCIe", "A100-80GB", "A100-80GB-PCIe", "A800-80GB", "A800-80GB-PCIe"]
+    assert all(hardware.lookup(n).name == n for n in listed)

@@ -73,41 +73,51 @@ ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "v100": "v100-32gb", "a800":
 # memory, but their NVLink is a bridge between two cards, not the SXM4 board's NVSwitch to all eight: `lookup` gives a
 # PCIe card its entry with no NVLink (A100-80GB-PCIe), so `links` plans its node's GPUs over PCIe 4.0 x16. A V100
 # PCIe (112 fp16 TFLOPS), an H800 PCIe, an H100 NVL or an H200 NVL has its own figures, not in the table: a name with
-# a form factor its entry lacks (or any other word) matches nothing.
+# a form factor its entry lacks (or any other word) matches nothing. T4, A10, L4, L40S and the RTX cards are PCIe only.
 FORMS = {"V100-16GB": {"sxm", "sxm2"}, "V100-32GB": {"sxm", "sxm2"}, "A100-40GB": {"sxm", "sxm4", "pcie"},
          "A100-80GB": {"sxm", "sxm4", "pcie"}, "A800-80GB": {"sxm", "sxm4", "pcie"},
          "H100-SXM": {"sxm", "sxm5", "hbm3"}, "H100-PCIe": {"pcie"}, "H800": {"sxm", "sxm5", "hbm3"},
-         "H200": {"sxm", "hbm3e"}}
+         "H200": {"sxm", "hbm3e"}} | {n: {"pcie"} for n in ("T4", "A10", "L4", "L40S", "RTX3090", "RTX4090")}
 _MAKERS = {"nvidia", "tesla", "geforce"}  # words of a driver's name that name no device
 
 
-_MEMORY = re.compile(r"(\d+)(?:gb|g|gib)?")  # a memory size word: "80GB", informally "80G" or "80"
-_GLUED = re.compile(r"(.+?)(sxm\d?|pcie)")  # a form factor glued to the model: "h100sxm", "a100pcie"
+MEMORY_WORD = re.compile(r"(\d+)(?:gb|g|gib)?")  # a memory size word: "80GB", informally "80G" or "80"
+GLUED_FORM = re.compile(r"(.+?)(sxm\d?|pcie|nvl)")  # a form factor glued to the model: "h100sxm", "a100pcie"
+
+
+def words(name: str) -> list[str]:
+    """`name`'s words as `lookup` matches them: lower case, makers' words dropped, "RTX 4090" one model word, a
+    memory size typed as two words ("80 GB") one."""
+    said = [w for w in re.split(r"[\s_-]+", name.lower()) if w and w not in _MAKERS]
+    if said[:1] == ["rtx"] and len(said) > 1:  # "GeForce RTX 4090": the table's RTX4090
+        said = ["rtx" + said[1], *said[2:]]
+    for i in range(len(said) - 1, 0, -1):
+        if said[i] in ("gb", "g", "gib") and said[i - 1].isdigit():
+            said[i - 1:i + 1] = [said[i - 1] + said[i]]
+    return said
 
 
 def lookup(name: str) -> Device | None:
     """The table entry of a user-given or driver-reported name ("NVIDIA A100-SXM4-80GB"), or None. A driver name is
     matched word by word: its model (an entry's first word: "L40" is not "L4", "GH200" not "H200"), then each other
-    word a memory size the entry has ("80GB", typed also "80G" or "80") or a form factor it covers (`FORMS`, typed
-    also glued to the model: "h100sxm"). Without a memory size, the model's `ALIASES` entry where it has several. A
-    PCIe card of an entry with NVLink is that entry without it (`FORMS`' comment)."""
+    word a memory size the entry has ("80GB", typed also "80 GB", "80G" or "80") or a form factor it covers (`FORMS`,
+    typed also glued to the model: "h100sxm"). Without a memory size, the model's `ALIASES` entry where it has
+    several. A PCIe card of an entry with NVLink is that entry without it (`FORMS`' comment)."""
     key = name.lower().replace("nvidia", "").replace("tesla", "").strip().replace(" ", "-")
     if key in DEVICES:
         return DEVICES[key]
     if key in ALIASES:
         return DEVICES[ALIASES[key]]
-    words = [w for w in re.split(r"[\s_-]+", name.lower()) if w and w not in _MAKERS]
-    if words[:1] == ["rtx"] and len(words) > 1:  # "GeForce RTX 4090": the table's RTX4090
-        words = ["rtx" + words[1], *words[2:]]
-    if not words:
+    said = words(name)
+    if not said:
         return None
-    model, rest = words[0], words[1:]
-    glued = _GLUED.fullmatch(model)
+    model, rest = said[0], said[1:]
+    glued = GLUED_FORM.fullmatch(model)
     if glued and not any(k.split("-")[0] == model for k in DEVICES):
         model, rest = glued[1], [glued[2], *rest]
     options = [d for k, d in DEVICES.items() if k.split("-")[0] == model]
     for word in rest:
-        size = _MEMORY.fullmatch(word)
+        size = MEMORY_WORD.fullmatch(word)
         options = [d for d in options if (f"{d.memory_gib:g}" == size[1] if size else word in FORMS.get(d.name, ()))]
     if len(options) > 1:
         default = DEVICES.get(ALIASES.get(model, ""))
@@ -117,18 +127,6 @@ def lookup(name: str) -> Device | None:
     if "pcie" in rest and options[0].nvlink_gbps:
         return replace(options[0], name=f"{options[0].name}-PCIe", nvlink_gbps=None)
     return options[0]
-
-
-def family_entries(name: str) -> list[Device]:
-    """The table's entries of a model `name` spells out (an entry's first word, or an alias of it; the longest where
-    one holds another), for a `name` that `lookup` finds no entry for: "H100 NVL" the H100s, "GH200" the H200 (not
-    the H20), "L40" the L4, "A10G" the A10. Each is another card, with other figures: no name to suggest for it."""
-    compact = re.sub(r"[\s_-]+", "", name.lower())
-    family = {d.name.split("-")[0].lower(): d.name.split("-")[0].lower() for d in DEVICES.values()}
-    family |= {a: k.split("-")[0] for a, k in ALIASES.items() if not a.endswith("gb")}  # ("16gb": a size)
-    found = [w for w in family if w in compact]
-    models = {family[w] for w in found if not any(w != v and w in v for v in found)}
-    return [d for k, d in DEVICES.items() if k.split("-")[0] in models]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pretrain_cli.errors import UserError
 from pretrain_cli.models.flops import _cached
 from pretrain_cli.models.stages import stage_layers
-from pretrain_cli.planning import hardware, layout
+from pretrain_cli.planning import device_names, hardware, layout
 from pretrain_cli.planning.activations import head_loss_bytes
 from pretrain_cli.planning.eval_memory import eval_parts
 from pretrain_cli.planning.experts import capacity_plan, kept_share
@@ -62,20 +62,8 @@ def target_device(name: str, node: hardware.Node = hardware.Node(), gpus: int = 
         sharing = max(min(gpus, node.gpus), 1)
         return Device(None, hardware.cpu_memory_gib() / sharing, node, sharing)
     dev = hardware.lookup(name)
-    listed = f"{', '.join(d.name for d in hardware.DEVICES.values())} or cpu"
-    if dev is None and (kin := [d.name for d in hardware.family_entries(name)]):  # "H100 NVL": not an H100 listed
-        raise UserError(f"--device: {name!r} has no table entry ({' and '.join(kin)} "
-                        f"{'are other cards' if kin[1:] else 'is another card'}, with other figures); plan it as a "
-                        f"listed device with no more memory than it has, and its dense peak as --peak_tflops N; "
-                        f"listed: {listed}")
-    if dev is None:  # a typo ("H10") is answered with the nearest names, before the whole list
-        import difflib
-
-        names = {**{k: k.upper() for k in hardware.ALIASES if k[0].isalpha()},
-                 **{d.name.lower(): d.name for d in hardware.DEVICES.values()}}
-        near = [names[k] for k in difflib.get_close_matches(name.lower(), list(names), 3, 0.6)]
-        guess = f" (did you mean {', '.join(near[:-1]) + ' or ' if near[1:] else ''}{near[-1]}?)" if near else ""
-        raise UserError(f"--device: unknown device {name!r}{guess}; use one of {listed}")
+    if dev is None:  # another card of a listed model ("H100 NVL"), or a typo ("H10"): `device_names.unknown` tells
+        raise UserError(device_names.unknown(name))
     return Device(dev, float(dev.memory_gib), node)
 
 
@@ -91,7 +79,7 @@ def device_note(name: str, dev: Device) -> list[str]:
     if name.lower() == dev.entry.name.lower():
         return []
     e = dev.entry
-    others = [d.name for d in hardware.DEVICES.values() if d.name.split("-")[0] == e.name.split("-")[0] and d != e]
+    others = device_names.variants(e)  # (A100 PCIe: the PCIe cards, not the SXM4 entries)
     peak = f"{e.bf16_tflops or e.fp16_tflops:g} TFLOPS half precision" if (e.bf16_tflops or e.fp16_tflops) else ""
     return [f"device: --device {name} is planned as {e.name} ({e.memory_gib:g} GiB{', ' + peak if peak else ''})"
             + (f"; name {' or '.join(others)} for another variant" if others else "")]
