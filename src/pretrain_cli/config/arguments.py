@@ -72,7 +72,8 @@ class ModelArguments:
     )
     mtp_loss_weight: float = _f(
         0.3, "DeepSeek-V3's multi-token prediction (config.json num_nextn_predict_layers > 0): the weight λ of the "
-        "mean MTP loss added to the training loss (0.3, later 0.1, in DeepSeek-V3); logged apart as mtp_loss.",
+        "mean MTP loss added to the training loss (0.3, later 0.1, in DeepSeek-V3); logged apart as mtp_loss. Unset, "
+        "config.json's num_nextn_predict_lambda (PaddleNLP's name, whose default there is 1.0) when it has one.",
         "extension",
     )
     hidden_dropout_prob: float = _f(0.1, "only used by GPT configs in PaddleNLP; Llama/Qwen have no dropout.",

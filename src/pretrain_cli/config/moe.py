@@ -89,4 +89,18 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
     aux = aux_coefficient(args, model_cfg) if moe_model else m.router_aux_loss_coef
     return MoeConfig(aux_loss_coef=aux, aux_loss_scope=scope,
                      z_loss_coef=m.router_z_loss_coef, bias_update_rate=rate,
-                     capacity_factor=m.capacity_factor, mtp_loss_weight=m.mtp_loss_weight)
+                     capacity_factor=m.capacity_factor, mtp_loss_weight=mtp_weight(args, model_cfg, problems))
+
+
+def mtp_weight(args, model_cfg, problems: Problems) -> float:
+    """The multi-token prediction loss's weight λ: `mtp_loss_weight` (or PaddleNLP's name for it,
+    `num_nextn_predict_lambda`) when the file sets it, else config.json's `num_nextn_predict_lambda` (PaddleNLP's
+    DeepSeek-V3 config reads it there: a PaddleNLP model directory's weight is the one it trained with), else ours."""
+    lam = model_cfg.extra.get("num_nextn_predict_lambda") if model_cfg is not None else None
+    if "mtp_loss_weight" in args.explicit or lam is None or not model_cfg.num_nextn_predict_layers:
+        return args.model.mtp_loss_weight
+    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam < 0:
+        problems.add(f"config.json: num_nextn_predict_lambda (the multi-token prediction loss's weight) must be a "
+                     f"finite number >= 0, got {lam!r}")
+        return args.model.mtp_loss_weight
+    return float(lam)

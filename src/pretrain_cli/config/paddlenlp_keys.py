@@ -184,6 +184,8 @@ REFUSED = {
 
 # another project's name -> our key (`ALIAS_OF`: whose name it is)
 ALIASES = {"sharding_degree": "sharding_parallel_degree", "use_async_save": "async_save",
+           # PaddleNLP's DeepSeek-V3 config's λ of the multi-token prediction loss (its default 1.0; ours 0.3)
+           "num_nextn_predict_lambda": "mtp_loss_weight",
            # PaddleFormers' training arguments (Megatron's names for the degrees) and model arguments
            "tensor_model_parallel_size": "tensor_parallel_degree",
            "pipeline_model_parallel_size": "pipeline_parallel_degree",
@@ -196,7 +198,8 @@ ALIASES = {"sharding_degree": "sharding_parallel_degree", "use_async_save": "asy
            "max_seq_len": "max_seq_length", "min_lr": "min_learning_rate",
            # its attention implementation (ModelArguments' attn_impl, later _attn_implementation): `ATTENTION`
            "attn_impl": "use_flash_attention", "_attn_implementation": "use_flash_attention"}
-ALIAS_OF = {key: "PaddleNLP" if key in ("sharding_degree", "use_async_save") else "PaddleFormers" for key in ALIASES}
+ALIAS_OF = {key: "PaddleNLP" if key in ("sharding_degree", "use_async_save", "num_nextn_predict_lambda")
+            else "PaddleFormers" for key in ALIASES}
 
 # PaddleFormers' attention implementations -> use_flash_attention: flashmask (its default) and sdpa (Paddle's
 # scaled_dot_product_attention, which takes the flash-attn kernel on GPU) never hold the [b, heads, s, s] scores,

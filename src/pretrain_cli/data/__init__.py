@@ -25,7 +25,9 @@ class DataSplits:
     valid: object = None
     test: object = None
     sources: list = field(default_factory=list)  # one dict per source: prefix, weight, dataset, splits
-    notes: list = field(default_factory=list)  # what the sources' sidecars say the run should know (`missing_eos`)
+    # what the run should know of its sources: their sidecars (`missing_eos`), a directory's token-count weights
+    # (`directory_weights`), their `.lsm` loss masks (`loss_masks`)
+    notes: list = field(default_factory=list)
 
     def get(self, name: str):
         return getattr(self, name)
@@ -100,6 +102,44 @@ def missing_eos(prefixes: list[str]) -> list[str]:
             f"--append_eos"]
 
 
+_EQUAL_WITHIN = 0.1  # a token share within a tenth of 1/n of it (shards of one corpus) blends as PaddleNLP's would
+
+
+def directory_weights(input_dir, sources: list) -> list[str]:
+    """A note where input_dir is a directory of several token files whose token shares (the weights here: one
+    merged corpus, as a directory of `preprocess --num_tasks` shards is) differ from PaddleNLP's, whose
+    run_pretrain gives each file of a directory weight 1.0: both blends, and the input_dir that trains as PaddleNLP
+    does. Shares within `_EQUAL_WITHIN` of equal (shards) say nothing: the two blends are alike."""
+    n = len(sources)
+    if n < 2 or len(str(input_dir).split()) != 1:
+        return []
+    total = sum(s["weight"] for s in sources)
+    shares = [s["weight"] / total for s in sources]
+    if max(abs(x * n - 1) for x in shares) <= _EQUAL_WITHIN:
+        return []
+    names = "/".join(source_name(s["prefix"]) for s in sources[:4])
+    ours = "/".join(f"{x:.3f}" for x in shares[:4])
+    equal = "/".join([f"{1 / n:.3f}"] * min(n, 4))
+    more = f"/... ({n} files)" if n > 4 else ""
+    pairs = " ".join(f"1.0 {s['prefix']}" for s in sources[:4]) + (" ..." if n > 4 else "")
+    return [f"input_dir: {input_dir} holds {n} token files, blended by their tokens {ours}{more} ({names}{more}); "
+            f"PaddleNLP's run_pretrain weighs each 1.0: {equal}{more}. To train as PaddleNLP does, set input_dir to "
+            f"\"{pairs}\"{' (1.0 before each prefix)' if n > 4 else ''}"]
+
+
+def loss_masks(sources: list) -> list[str]:
+    """A note naming the sources whose `.lsm` loss mask keeps tokens out of the loss here: PaddleNLP's
+    run_pretrain reads the file but trains on every token, so the same directory trains differently unless said."""
+    masked = [s["prefix"] + ".lsm" for s in sources if s["dataset"].loss_mask is not None]
+    if not masked:
+        return []
+    one = len(masked) == 1
+    names = ", ".join(masked[:3]) + (f" and {len(masked) - 3} more" if len(masked) > 3 else "")
+    return [f"input_dir: {names}: {'a .lsm loss mask' if one else '.lsm loss masks'} beside the tokens: the tokens "
+            f"whose byte is 0 are no target of the loss (PaddleNLP's run_pretrain ignores .lsm files and trains on "
+            f"every token); move {'it' if one else 'them'} aside to train on every token"]
+
+
 def _vocabulary_fix(src, tokenizer) -> str:
     """What to do about ids the model's vocabulary does not hold, by what the run knows of them. A tokenizer the run
     loaded fits the model (`open_tokenizer` refuses a larger one), so ids past the model's are past the tokenizer's
@@ -156,6 +196,7 @@ def build_datasets(input_dir, split, max_seq_length: int, seed: int, sample_mode
     out = DataSplits(sources=sources)
     if "train" in need and sample_mode == "packed":  # (a padded sample ends in the tokenizer's EOS whatever the file)
         out.notes = missing_eos([s["prefix"] for s in sources])
+    out.notes += directory_weights(input_dir, sources) + loss_masks(sources)
     for name in SPLIT_NAMES:
         present = [(s["weight"], s["splits"][name], s["prefix"]) for s in sources if s["splits"][name] is not None]
         if not present:

@@ -135,6 +135,7 @@ class ModelConfig:
                 f"{source}: model_type {model_type!r} is not supported; "
                 f"use one of {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
+        config_checks.paddlenlp_rope(d, source)  # (PaddleNLP's rope_scaling_type and alibi, before rope_scaling)
         rope_params = d.pop("rope_parameters", None) or {}
         if "rope_theta" in rope_params:  # transformers 5 gives rope_parameters precedence
             d["rope_theta"] = rope_params["rope_theta"]

@@ -37,8 +37,49 @@ PRETRAINED_CONFIG_KEYS = frozenset((
     "begin_suppress_tokens", "epsilon_cutoff", "eta_cutoff", "num_assistant_tokens", "num_assistant_tokens_schedule",
     "assistant_confidence_threshold", "assistant_lookbehind", "target_lookbehind"))
 # PaddleNLP's own RoPE keys (its LlamaConfig's), which config.json files PaddleNLP saved may carry for any model:
-# `rope_scaling_factor` is no misspelt `routed_scaling_factor`
-PADDLENLP_CONFIG_KEYS = frozenset(("rope_scaling_factor", "rope_scaling_type"))
+# `rope_scaling_factor` is no misspelt `routed_scaling_factor`, DeepSeek-V3's `num_nextn_predict_lambda` (the MTP
+# loss's weight, `config.moe.mtp_weight`) no misspelt `num_nextn_predict_layers`
+PADDLENLP_CONFIG_KEYS = frozenset(("rope_scaling_factor", "rope_scaling_type", "num_nextn_predict_lambda"))
+
+
+# PaddleNLP's rope_scaling_type -> the transformers rope_type that rotates as it does (`rope_scaling.rope_inv_freq`)
+PADDLENLP_ROPE_TYPES = {"linear": "linear"}
+
+
+def paddlenlp_rope(d: dict, source: str = "config.json") -> None:
+    """PaddleNLP's own position keys, which transformers ignores, read as what PaddleNLP builds (in place): its
+    LlamaConfig's `rope_scaling_type` + `rope_scaling_factor` become the HF `rope_scaling` the model honours, so a
+    config.json PaddleNLP trained with linear scaling is not trained here unscaled; its NTK types (no RoPE here
+    computes them) and `alibi: true` (PaddleNLP's ALiBi bias on the attention scores) are refused in one line."""
+    if d.get("alibi"):
+        raise UserError(f"{source}: alibi: true (PaddleNLP's ALiBi bias added to the attention scores) is not built "
+                        f"here, where positions are rotated by RoPE alone; remove alibi (or set it false) to train "
+                        f"without the bias, or use a model that was not trained with it")
+    kind = d.get("rope_scaling_type")
+    if kind in (None, ""):  # (PaddleNLP ignores the factor then, as transformers and this reader do)
+        return
+    factor = d.get("rope_scaling_factor", 1.0)  # PaddleNLP's LlamaConfig default
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise UserError(f"{source}: rope_scaling_factor must be a positive number, got {factor!r}")
+    if kind == "ntk" and d.get("hidden_size") and d.get("num_attention_heads"):
+        dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
+        theta = float(d.get("rope_theta") or 10000.0) * factor ** (dim / (dim - 2))  # PaddleNLP's NTK base
+        raise UserError(f"{source}: rope_scaling_type ntk is not built here; its rotation is the default RoPE's "
+                        f"with rope_theta {theta:.6g} (rope_theta x rope_scaling_factor^(head_dim/(head_dim-2))): "
+                        f"set rope_theta to it and remove rope_scaling_type")
+    if kind not in PADDLENLP_ROPE_TYPES:
+        raise UserError(f"{source}: rope_scaling_type {kind!r} is not built here (PaddleNLP's dynamic NTK rescales "
+                        f"with the length, which no RoPE here does); use rope_scaling_type linear or an HF "
+                        f"rope_scaling of type {', '.join(SUPPORTED_ROPE_TYPES[1:])}")
+    mapped = {"rope_type": PADDLENLP_ROPE_TYPES[kind], "factor": float(factor)}
+    hf = d.get("rope_scaling") or {k: v for k, v in (d.get("rope_parameters") or {}).items() if k != "rope_theta"}
+    hf_type = hf.get("rope_type", hf.get("type", "default")) if isinstance(hf, dict) else hf
+    if hf_type in (None, "default"):
+        d["rope_scaling"] = mapped
+    elif hf_type != mapped["rope_type"] or hf.get("factor") != mapped["factor"]:
+        raise UserError(f"{source}: rope_scaling_type {kind} (rope_scaling_factor {factor}) and rope_scaling "
+                        f"{json.dumps(hf)} disagree (PaddleNLP rotates by the first, transformers by the second); "
+                        f"keep the one the weights were trained with and remove the other")
 
 
 def misspelt_key(d: dict, model_type: str, read: frozenset, source: str = "config.json") -> None:

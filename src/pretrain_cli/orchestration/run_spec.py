@@ -137,6 +137,16 @@ class RunSpec:
             f"; {self.model_dir} holds a sentencepiece model ({sp}), which is not read: set tokenizer_name_or_path "
             f"to a directory with its tokenizer.json (docs/DATA.md, \"Tokenizers and transformers\")" if sp else "")
 
+    def _mtp_weight_source(self) -> str:
+        """Where the MTP loss's weight came from (`config.moe.mtp_weight`), so a PaddleNLP file, whose weight
+        defaults to 1.0 there, is never trained at our 0.3 unsaid."""
+        if "mtp_loss_weight" in self.args.explicit:
+            return ""
+        if "num_nextn_predict_lambda" in self.model_cfg.extra:
+            return " (config.json's num_nextn_predict_lambda)"
+        return (" (mtp_loss_weight's default, DeepSeek-V3's first λ; PaddleNLP's num_nextn_predict_lambda defaults to "
+                "1.0: set mtp_loss_weight 1.0 to train as it does)")
+
     def describe(self) -> list[str]:
         a, r = self.args, self.run
         lp, cfg = r.loop, self.model_cfg
@@ -149,10 +159,11 @@ class RunSpec:
         else:
             start = "pretrained weights" if r.model.continue_training else "random init"
         mtp = int(cfg.num_nextn_predict_layers or 0)  # DeepSeek-V3's multi-token prediction layers, built too
+        weight = f"; MTP loss weight {r.moe.mtp_loss_weight:g}{self._mtp_weight_source()}" if mtp else ""
         mtp = f" + {mtp} MTP (multi-token prediction) layer{'s' if mtp > 1 else ''}" if mtp else ""
         lines.append(f"  model: {cfg.model_type} from {self.model_dir} ({cfg.num_hidden_layers} layers{mtp}, hidden "
                      f"{cfg.hidden_size}, heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, vocab "
-                     f"{cfg.vocab_size}); {start}")
+                     f"{cfg.vocab_size}); {start}{weight}")
         if cfg.expert_layers:
             lines.append(f"  {self._experts()}")
         lines.append(f"  tokenizer: {self.tokenizer_dir or self._no_tokenizer()}")
