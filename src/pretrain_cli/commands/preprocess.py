@@ -10,6 +10,8 @@ SPECIAL_TOKENS_IN_TEXT = ("text", "special", "extra")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.usage = ("pretrain-cli preprocess --input_path INPUT_PATH... --output_prefix OUTPUT_PREFIX "
+                    "{--tokenizer DIR | --model_name_or_path DIR} [options]")
     parser.add_argument("--input_path", nargs="+", required=True,
                         help=".jsonl/.json/.txt files (plain, .gz, .zst, .bz2, .xz), .parquet files, "
                              "directories (walked recursively) or quoted glob patterns; read in the order given, each "
@@ -18,7 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "lines, not by line ends")
     parser.add_argument("--output_prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.json "
                                                                       "(PREFIX-iiiii-of-nnnnn.* with --num_tasks > 1)")
-    parser.add_argument("--tokenizer", required=True, help="tokenizer directory (tokenizer.json)")
+    parser.add_argument("--tokenizer", help="tokenizer directory (tokenizer.json); required, under this name or "
+                                             "--model_name_or_path's")
+    parser.add_argument("--model_name_or_path", help="PaddleNLP's create_pretraining_data.py name for --tokenizer: "
+                                                     "the same directory (both given, they must agree)")
     parser.add_argument("--json_key", default="text", help="the document field of .jsonl/.json lines, or the Parquet "
                                                            "column (default: %(default)s)")
     parser.add_argument("--append_eos", action="store_true",
@@ -45,6 +50,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "files (default: %(default)s)")
 
 
+def tokenizer(ns: argparse.Namespace) -> str:
+    """--tokenizer, or PaddleNLP's --model_name_or_path for it (its create_pretraining_data.py's flag, so its commands
+    run as they are); both naming other tokenizers, which would encode the files is not guessed: refused."""
+    from pretrain_cli.errors import UserError
+
+    tok, alias = ns.tokenizer, ns.model_name_or_path
+    if tok is not None and alias is not None and tok != alias:
+        raise UserError(f"--model_name_or_path {alias} and --tokenizer {tok} name two tokenizers (--model_name_or_path "
+                        f"is PaddleNLP's name for --tokenizer); give one of them")
+    if tok is None and alias is None:
+        raise UserError("--tokenizer: required: the tokenizer directory (tokenizer.json) the token files are encoded "
+                        "with (PaddleNLP's --model_name_or_path is read as it too)")
+    return tok if tok is not None else alias
+
+
 def main(ns: argparse.Namespace) -> int:
     import sys
 
@@ -54,7 +74,7 @@ def main(ns: argparse.Namespace) -> int:
     check_counts(ns, "workers", "max_doc_num")  # --max_doc_num 0 would end as "no non-empty documents"
     check_counts(ns, "log_interval", minimum=0)  # 0: no progress lines; below it, one per document
 
-    job = Job(tuple(ns.input_path), ns.output_prefix, ns.tokenizer, ns.json_key, ns.append_eos, ns.workers,
+    job = Job(tuple(ns.input_path), ns.output_prefix, tokenizer(ns), ns.json_key, ns.append_eos, ns.workers,
               ns.log_interval, ns.max_doc_num, ns.skip_bad_lines, ns.num_tasks, ns.task_index,
               ns.special_tokens_in_text)
     return preprocess(job, say=print, note=lambda line: print(line, file=sys.stderr, flush=True))

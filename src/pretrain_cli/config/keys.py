@@ -14,6 +14,13 @@ from dataclasses import MISSING, dataclass, fields
 from pretrain_cli.config.arguments import SECTIONS
 from pretrain_cli.errors import UserError
 
+# a value PaddleNLP takes that `choices` refuses here: what it is there and what to do, said after the key
+REFUSED_VALUES = {
+    ("data_impl", "lazy"): "lazy is PaddleNLP's older token file format (TNTIDX .idx, read item by item through file "
+                           "reads, not memory-mapped), which is not read here; token files whose .idx starts MMIDIDX "
+                           "are mmap: set data_impl: mmap or leave it out; TNTIDX ones: re-run `pretrain-cli "
+                           "preprocess` on their documents (or create_pretraining_data.py --data_impl mmap)",
+}
 _TRUE = {"true", "t", "yes", "y", "1"}
 _FALSE = {"false", "f", "no", "n", "0"}
 
@@ -129,5 +136,7 @@ def coerce(spec: KeySpec, value, where: str, from_text: bool = False):
         raise UserError(f"{where}: key `{spec.name}` expects {type_name(spec)}, got {kind}")
     out = _scalar(spec, value, where)
     if spec.choices and out not in spec.choices:
+        if (spec.name, out) in REFUSED_VALUES:
+            raise UserError(f"{where}: key `{spec.name}`: {REFUSED_VALUES[spec.name, out]}")
         raise UserError(f"{where}: key `{spec.name}` must be one of {', '.join(spec.choices)}; got {out!r}")
     return out
