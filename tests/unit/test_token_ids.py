@@ -2,6 +2,7 @@
 bos/eos/pad ids (not a preset's published ones), and `pretrain-cli generate` stops at every EOS id transformers'
 `generate` stops at on the same directory (generation_config.json's list) and at the tokenizer's."""
 import json
+import re
 import shutil
 
 import numpy as np
@@ -155,7 +156,10 @@ def test_an_unreadable_generation_config_is_one_line(model_dir, tmp_path, capsys
     assert cli_main(["generate", "--model", str(d), "--prompt", "the", "--max_new_tokens", "2"]) == 2
     out = capsys.readouterr()
     lines = out.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {d / 'generation_config.json'}: ") and out.out == "", lines
+    where = f"error: {d / 'generation_config.json'}"  # then ": " or, for a JSON mistake, its ":line:col: "
+    assert len(lines) == 1 and re.match(re.escape(where) + r"(:\d+:\d+)?: ", lines[0]) and out.out == "", lines
+    if text == "{not json":  # the mistake named at its place (config.json_mistakes)
+        assert lines[0].startswith(where + ":1:2: invalid JSON: an unquoted key"), lines
 
 
 @pytest.mark.parametrize("eos, written", [([7, 2], [7, 2]), ([7, 9], 2)])
@@ -188,5 +192,6 @@ def test_a_model_directorys_generation_config_is_written_on(tmp_path, eos, writt
     (src / "generation_config.json").write_text("[1")
     from pretrain_cli.errors import UserError
 
-    with pytest.raises(UserError, match="generation_config.json: not a readable JSON object"):
+    # a JSON mistake is named at its place (config.json_mistakes), the file named with it
+    with pytest.raises(UserError, match=r"generation_config.json:1:3: invalid JSON: the JSON ends before its closing"):
         prepare(str(args), [], Target())
