@@ -74,7 +74,7 @@ def t_zero_documents(d):
     (d / "data" / "c.bin").write_bytes(b"")
     return cfg(d), ["data/c.idx", "zero documents"]
 def t_split_rounds_to_zero(d):
-    return cfg(d, split="9990,1,0", do_eval=True), ["valid split", "rounds to 0"]
+    return cfg(d, split="9990,1,0", do_eval=True), ["leaves the valid split empty", "0 of 400 documents", "set split: "]
 def t_lsm_size(d):
     (d / "data" / "c.lsm").write_bytes(b"\x01" * 10)
     return cfg(d), ["data/c.lsm", "one byte per token"]
