@@ -205,8 +205,10 @@ def _printable_streams() -> None:
     end a finished command in a UnicodeEncodeError traceback at the first such character printed (a prompt or a
     generated text in another script, a path): it prints as `\\u65e5` instead. A `surrogateescape` stream (a UTF-8
     locale's, PYTHONUTF8's, but also `PYTHONIOENCODING=ascii:surrogateescape` or the C locale's ASCII) keeps writing
-    a path's undecodable bytes back as they were and escapes the rest the same way (it raised on 東京 in ASCII);
-    stderr's own `backslashreplace` already prints everything."""
+    a path's undecodable bytes back as they were and escapes the rest the same way (it raised on 東京 in ASCII).
+    stderr's own `backslashreplace` prints everything, but a path's undecodable bytes as `\\udce6` escapes (under the
+    C locale every non-ASCII byte of a path is one): it gets U_ESCAPE_BYTES too, so an error line names the path as
+    its bytes are."""
     import codecs
 
     codecs.register_error(U_ESCAPE, _u_escapes)
@@ -214,7 +216,7 @@ def _printable_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         # (a TextIOWrapper; a replaced stream may not be one)
         errors = getattr(stream, "errors", None) if hasattr(stream, "reconfigure") else None
-        if errors in ("strict", "surrogateescape"):
+        if errors in ("strict", "surrogateescape", "backslashreplace"):
             stream.reconfigure(errors=U_ESCAPE if errors == "strict" else U_ESCAPE_BYTES)
 
 

@@ -66,3 +66,15 @@ def test_the_escapes_are_json_s():
     assert json.loads(b'"' + escaped + b'"') == text
     mixed = "a\udcff東\udc80".encode("ascii", errors=cli.U_ESCAPE_BYTES)  # (surrogateescape's bytes kept)
     assert mixed == b"a\xff\\u6771\x80", mixed
+
+
+def test_an_error_line_under_the_c_locale_names_a_path_as_its_bytes(tmp_path):
+    """Under the C locale (no coercion, no UTF-8 mode) argv decodes a path's non-ASCII bytes to U+DC80..U+DCFF:
+    stderr's `backslashreplace` printed them as `\\udce6` escapes; with U_ESCAPE_BYTES the error line holds the path's
+    own bytes, which a user can copy."""
+    missing = os.path.join(os.fsencode(tmp_path), "東京".encode(), b"t")
+    done = subprocess.run([sys.executable, "-m", "pretrain_cli", "inspect-data", missing],
+                          env={**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0",
+                               "PYTHONIOENCODING": ""}, capture_output=True, timeout=600)
+    assert done.returncode != 0 and done.stderr.startswith(b"error: " + missing + b":"), done.stderr
+    assert b"\\udc" not in done.stderr, done.stderr
