@@ -38,6 +38,9 @@ DRIVER_NAMES = {
     "NVIDIA H200 NVL": None,
     "NVIDIA GH200 480GB": None,  # not the H200
     "NVIDIA B200": None,
+    "NVIDIA GeForce RTX 4090 Laptop GPU": None,  # a laptop's chip, its own clocks and memory
+    "Tesla V100-DGXS-32GB": None,  # the DGX Station's V100
+    "NVIDIA H20 SXM HBM3": "H20",
 }
 
 
@@ -123,11 +126,12 @@ def test_a_size_in_two_words_and_a_pcie_only_cards_form_reach_their_entry(name, 
     assert hardware.lookup(name).name == entry and target_device(name).name == entry
 
 
-@pytest.mark.parametrize("name, near", [("A100-80GBB", "A100-80GB, A800-80GB or A100-40GB"),
+@pytest.mark.parametrize("name, near", [("A100-80GBB", "A100-80GB, A100-40GB or A100-80GB-PCIe"),
                                         ("H1000", "H100, V100 or H800")])
 def test_a_typo_of_a_listed_card_gets_the_nearest_names_not_the_other_card_line(name, near):
     """No mark of another card (NVL, a glued letter, a size or form its model lacks, a known name): a typo, answered
-    with the nearest names (it was "A100-40GB and A100-80GB are other cards, with other figures")."""
+    with the nearest names (it was "A100-40GB and A100-80GB are other cards, with other figures"), the model's own
+    where the name starts with a listed model (not the A800-80GB for "A100-80GBB")."""
     from pretrain_cli.errors import UserError
     from pretrain_cli.planning.plan import target_device
 
@@ -150,3 +154,43 @@ def test_a_pcie_card_planned_from_an_nvlink_entry_names_its_pcie_siblings_and_is
     assert listed[listed.index("A100-40GB"):listed.index("A800-80GB") + 2] == [
         "A100-40GB", "A100-40GB-PCIe", "A100-80GB", "A100-80GB-PCIe", "A800-80GB", "A800-80GB-PCIe"]
     assert all(hardware.lookup(n).name == n for n in listed)
+
+
+@pytest.mark.parametrize("name, entry", [("4090 PCIe", "RTX4090"), ("3090 PCIe", "RTX3090"), ("4090 24GB", "RTX4090"),
+                                         ("GeForce 4090", "RTX4090"), ("L40 S", "L40S"), ("l40-s", "L40S"),
+                                         ("H20 SXM", "H20"), ("H20 HBM3", "H20"), ("NVIDIA H100 GPU", "H100-SXM")])
+def test_a_models_alias_a_split_letter_and_the_h20s_forms_reach_their_entry(name, entry):
+    """Review R12: "4090 PCIe" asked "did you mean H100-PCIe?" and "GeForce 4090" got no suggestion (`lookup` read
+    the model word without its alias), "L40 S" was "L4 is another card", "H20 SXM" another card than the H20 (an
+    SXM module only); a driver name's "GPU" names no card."""
+    from pretrain_cli.planning.plan import target_device
+
+    assert hardware.lookup(name).name == entry and target_device(name).name == entry
+
+
+@pytest.mark.parametrize("name, kin", [("A10 G", "A10 is another card"), ("GH 200", "H200 is another card"),
+                                       ("V100 S", "V100-16GB and V100-32GB are other cards"),
+                                       ("RTX 4090 Laptop GPU", "RTX4090 is another card"),
+                                       ("Tesla V100-DGXS-32GB", "V100-16GB and V100-32GB are other cards"),
+                                       ("H20 HBM3e", "H20 is another card")])
+def test_another_cards_word_after_a_listed_model_is_its_mark(name, kin):
+    """Review R12: these were typos ("did you mean A10 or A100?", "did you mean V100-32GB?"): the card with the
+    wrong figures. A word after a listed model that is no form or size, nor close to one, makes another card."""
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.planning.plan import target_device
+
+    with pytest.raises(UserError) as e:
+        target_device(name)
+    assert str(e.value).startswith(f"--device: {name!r} has no table entry ({kin}, with other figures); "), e.value
+
+
+@pytest.mark.parametrize("name, near", [("H100 PCI", "H100-PCIe or H100"), ("a100 pcle", "A100, A100-80GB-PCIe or "
+                                                                                        "A100-40GB-PCIe")])
+def test_a_typo_of_a_form_after_a_listed_model_gets_that_models_names(name, near):
+    """A word close to a form stays a typo; "a100 pcle" was offered H100-PCIe first, another model."""
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.planning.plan import target_device
+
+    with pytest.raises(UserError) as e:
+        target_device(name)
+    assert str(e.value).startswith(f"--device: unknown device {name!r} (did you mean {near}?); use one of "), e.value

@@ -35,42 +35,54 @@ def variants(entry: hardware.Device) -> list[str]:
             and (n.lower() not in hardware.DEVICES) == derived]
 
 
-def _models() -> dict[str, str]:
-    """{a model word a name may start with: the table's model it names}: the entries' first words and the aliases
-    of a model ("4090": rtx4090; not "16gb", a size)."""
-    first = {k.split("-")[0]: k.split("-")[0] for k in hardware.DEVICES}
-    return first | {a: k.split("-")[0] for a, k in hardware.ALIASES.items() if not a.endswith("gb")}
-
-
 def family_entries(name: str) -> list[hardware.Device]:
     """The table's entries of the model `name` spells out, for a `name` `hardware.lookup` finds no entry for that
     carries a mark of another card of that model: a word such cards add (`OTHER_WORDS`: "H100 NVL"), a letter glued
-    to the model ("GH200" is not the H200, "A10G" not the A10), a memory size or form factor none of the model's
-    entries has ("A800 40GB", "V100 PCIe"), or a name in `OTHER_MODELS` ("L40"). Each is another card, with other
-    figures: no name to suggest for it. [] for any other name: a typo, answered with the nearest names."""
+    to the model ("GH200" or "GH 200" is not the H200, "A10G" not the A10), a memory size or form factor none of the
+    model's entries has ("A800 40GB", "V100 PCIe"), a name in `OTHER_MODELS` ("L40"), or after a listed model any
+    other word not close to a form or size (`_typed`: "RTX 4090 Laptop", "V100 DGXS"; "H100 PCI" is a typo). Each
+    is another card, with other figures: no name to suggest for it. [] for any other name: a typo, answered with
+    the nearest names."""
     said = hardware.words(name)
     if not said:
         return []
-    model, rest, models = said[0], said[1:], _models()
+    model, rest, models = said[0], said[1:], hardware.model_words()
     glued = hardware.GLUED_FORM.fullmatch(model)  # ("h100nvl": the model, then its form)
     if glued and glued[1] in models:
         model, rest = glued[1], [glued[2], *rest]
     marked, found = model in OTHER_MODELS, models.get(OTHER_MODELS.get(model, model))
-    if found is None:  # a letter glued before or after a listed model: the longest that fits
-        fits = [m for m in models if (g := re.fullmatch(rf"([a-z]*){re.escape(m)}([a-z]*)", model)) and any(g.groups())]
-        found, marked = (models[max(fits, key=len)], True) if fits else (None, False)
+    listed_model = found is not None and not marked
+    if found is None:  # a letter glued before or after a listed model, in one word or two: the longest that fits
+        for typed, after in ((model, rest), *(((model + rest[0], rest[1:]),) if rest else ())):
+            fits = [m for m in models
+                    if (g := re.fullmatch(rf"([a-z]*){re.escape(m)}([a-z]*)", typed)) and any(g.groups())]
+            if fits:
+                found, marked, rest = models[max(fits, key=len)], True, after
+                break
     entries = [d for k, d in hardware.DEVICES.items() if k.split("-")[0] == found]
     for word in rest:
         size, form = hardware.MEMORY_WORD.fullmatch(word), _FORM.fullmatch(word)
         marked = marked or word in OTHER_WORDS or bool(
             size and all(f"{d.memory_gib:g}" != size[1] for d in entries)) or bool(
-            form and not any(word in hardware.FORMS.get(d.name, ()) for d in entries))
+            form and not any(word in hardware.FORMS.get(d.name, ()) for d in entries)) or (
+            listed_model and not size and not form and not _typed(word))
     return entries if marked else []
+
+
+def _typed(word: str) -> bool:
+    """Whether `word`, neither a memory size nor a form factor, is close to one (a typo of it: "pci", "sxn",
+    "80gbb") rather than a word of another card ("laptop", "dgxs")."""
+    import difflib
+
+    typed = {f for forms in hardware.FORMS.values() for f in forms} | {
+        f"{d.memory_gib:g}gb" for d in hardware.DEVICES.values()}
+    return bool(difflib.get_close_matches(word, sorted(typed), 1, 0.6))
 
 
 def unknown(name: str) -> str:
     """The one line refusing `--device name`, which `hardware.lookup` finds no entry for: another card of a listed
-    model (`family_entries`) said to be one, with what to do; else the nearest listed names, then all of them."""
+    model (`family_entries`) said to be one, with what to do; else the nearest listed names (of the model `name`
+    starts with when that model is listed: "A100-80GBB" is no A800), then all of them."""
     names = f"{', '.join(listed())} or cpu"
     if kin := [d.name for d in family_entries(name)]:  # "H100 NVL": not an H100 listed
         return (f"--device: {name!r} has no table entry ({' and '.join(kin)} "
@@ -78,7 +90,11 @@ def unknown(name: str) -> str:
                 f"device with no more memory than it has, and its dense peak as --peak_tflops N; listed: {names}")
     import difflib
 
+    models = hardware.model_words()
     known = {**{k: k.upper() for k in hardware.ALIASES if k[0].isalpha()}, **{n.lower(): n for n in listed()}}
+    said = hardware.words(name)
+    if model := models.get(said[0]) if said else None:  # ("4090 PCIe" would be "did you mean H100-PCIe?")
+        known = {k: n for k, n in known.items() if models.get(k.split("-")[0]) == model}
     near = [known[k] for k in difflib.get_close_matches(name.lower(), list(known), 3, 0.6)]
     guess = f" (did you mean {', '.join(near[:-1]) + ' or ' if near[1:] else ''}{near[-1]}?)" if near else ""
     return f"--device: unknown device {name!r}{guess}; use one of {names}"
