@@ -59,9 +59,9 @@ def _cause(doc: str, pos: int, msg: str) -> tuple[int, str] | None:
         if start < pos < end and _NUMBER_START.match(doc, start):  # stopped inside what was meant as a number
             return start, (f"a number JSON cannot read, {doc[start:end]}; JSON numbers are decimal, with no leading "
                            f"0, a digit after . and after e (16 for 0x10, 1.0, 1e-5)")
-        # after a value's end (a number's digit too: `3e-4"seed"`, whose number ends where the string begins)
+        # after a value's end (a number's digit too: `3e-4"seed"`, `1[2]`, whose number ends where the next begins)
         if ((prior.isspace() or prior in ('"', "]", "}")) and (rest[0] in "\"'{[-0123456789" or _WORD.match(rest))
-                or prior.isdigit() and rest[0] == '"'):
+                or prior.isdigit() and rest[0] in "\"'{["):
             return pos, "a missing comma before this entry; put , after the entry before it"  # (the next entry)
         return None
     if rest[:1] == "'":

@@ -45,6 +45,8 @@ MISTAKES = [
     # a number read whole, then the next entry: a missing comma, not a number JSON cannot read
     ('{"lr":3e-4"seed":1}', "1:11", "a missing comma before this entry; put , after the entry before it"),
     ('{"split": [1"x"]}', "1:13", "a missing comma before this entry; put , after the entry before it"),
+    *[(t, w, "a missing comma before this entry; put , after the entry before it")
+      for t, w in (('{"a":1{"b":2}}', "1:7"), ('{"a":1\'b\':2}', "1:7"), ('{"a":[1[2]]}', "1:8"))],
     ('{"output_dir": "say "hi""}', "1:21", 'a double quote inside a string ends it; write \\" for a quote inside a string'),
     ('{, "seed": 1}', "1:2", "a comma before the first entry; remove it"),
     ('{"split": [,949, 50, 1]}', "1:12", "a comma before the first entry; remove it"),
