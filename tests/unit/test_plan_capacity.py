@@ -10,7 +10,8 @@ from pretrain_cli.config.presets import PRESET_DIR
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.orchestration.planned import from_file
 from pretrain_cli.planning import hardware
-from pretrain_cli.planning.experts import capacity_ratio, capacity_words, padded_rows
+from pretrain_cli.planning import experts
+from pretrain_cli.planning.experts import assignments, capacity_ratio, capacity_words, padded_rows
 from pretrain_cli.planning.memory import Setup
 from pretrain_cli.planning.report import format_report
 
@@ -63,6 +64,17 @@ def test_counts_are_said_in_full_at_a_large_micro_batch():
     assert "; 0.5 each at balance)" in capacity_words(1, 16, 2, 64)
 
 
+def test_a_capacity_below_the_balanced_share_is_said_whole():
+    """Qwen1.5-MoE-A2.7B at 2,000 tokens, top-4 of 60, factor 0.9: the capacity, 960, was planned as 960.0 (the
+    balanced share x its kept share, 960.0000000000001); a count within rounding of a whole one is said whole."""
+    r = from_file(TINY, ["--model_name_or_path", "Qwen/Qwen1.5-MoE-A2.7B", "--max_seq_length", "2000",
+                         "--capacity_factor", "0.9"], device="H100", suggest_changes=False)
+    assert r.to_json()["capacity"]["per_expert"] == 960
+    assert _line(r).endswith("; 1,066.7 each at balance), the rest dropped (evaluation is dropless); memory and time "
+                             "plan 960 assignments a micro-batch per expert, the capacity, 90% of its balanced share")
+    assert assignments(119.99999) == "120" and assignments(1066.6666) == "1,066.7"
+
+
 def test_memory_counts_the_rows_the_capacity_leaves():
     """The CPU's padded path pads every expert to the busiest one's rows (1.10 a routed row at 512 an expert, balanced
     routing); under a capacity it pads to, an untrained router fills the busiest expert to it (measured: 11 of 12
@@ -77,14 +89,20 @@ def test_memory_counts_the_rows_the_capacity_leaves():
     assert padded_rows(s) == capacity_ratio(s) == 1.25
 
 
-def test_an_fp16_gpu_runs_the_cpus_path():
+def test_an_fp16_gpu_runs_the_cpus_path(monkeypatch):
     """`batched_gemm` has no fp16 kernel: an fp16 run on a GPU (V100, T4) pads as the CPU does (`ops.grouped.
-    batched_gemm_runs`, the rule `grouped_mlp_gpu` follows); in bf16 or fp32 the segments run as they are."""
+    batched_gemm_runs`, the rule `grouped_mlp_gpu` follows); in bf16 or fp32 the segments run as they are. `plan`
+    hands the run's amp dtype to the rule: an fp16 file planned on a T4 pads."""
     cfg = ModelConfig.from_file(str(PRESET_DIR / "micro-qwen3-moe"))  # 8 experts, top 2
     cpu = Setup(model=cfg, micro_batch=8, seq_len=128, device="cpu", compute_bytes=2, amp_level="O2")
     assert 1.0 < padded_rows(cpu) <= 1.3
     for dtype, rows in (("float16", padded_rows(cpu)), ("bfloat16", 1.0), (None, 1.0)):
         assert padded_rows(dataclasses.replace(cpu, device="gpu", amp_dtype=dtype)) == rows, dtype
+    planned = []
+    monkeypatch.setattr(experts, "padded_rows", lambda s: planned.append((s, padded_rows(s))) or planned[-1][1])
+    from_file(TINY, ["--fp16", "true"], device="T4", suggest_changes=False)
+    gpu = [(s.amp_dtype, rows) for s, rows in planned if s.device == "gpu"]
+    assert gpu and all(dtype == "float16" and rows > 1.0 for dtype, rows in gpu), gpu
 
 
 def test_time_counts_the_assignments_computed():

@@ -98,23 +98,28 @@ def capacity_words(factor: float, tokens: int, top_k: int, num_experts: int) -> 
 
 def assignments(n: float) -> str:
     """A count of assignments an expert computes, in full with thousands separators (16,384, not `:.4g`'s
-    1.638e+04), to a tenth where the balanced share is not whole (top-2 of 64 experts at 16 tokens: 0.5)."""
-    return f"{n:,.0f}" if n == round(n) else f"{n:,.1f}"
+    1.638e+04), to a tenth where the balanced share is not whole (top-2 of 64 experts at 16 tokens: 0.5); whole when
+    it is within a tenth's rounding of one (a capacity reckoned in floats: 119.99999 is 120, not 120.0)."""
+    tenths = round(n, 1)
+    return f"{tenths:,.0f}" if tenths == round(tenths) else f"{tenths:,.1f}"
 
 
 def capacity_plan(s, max_seq_length: int) -> dict:
     """What `plan` assumes per expert of a MoE run ({} for a dense model): the run's capacity in its own words
     (`capacity_words`, as its experts line says it at a micro-batch of b · `max_seq_length` tokens), an expert's
     balanced share of a micro-batch's assignments, and what the memory and speed models plan it to compute: that
-    share, or the capacity where it is smaller (`kept_share`)."""
+    share, or the capacity where it is smaller (`kept_share`), the integer capacity itself then (balanced x the
+    share is 960.0000000000001 at 960)."""
     e = experts(s.model)
     if e is None:
         return {}
     tokens = s.micro_batch * max_seq_length
     balanced = tokens * e.top_k / e.routed
+    cap = MoeConfig(capacity_factor=s.capacity_factor).expert_capacity(tokens, e.top_k, e.routed)
     return {"capacity_factor": s.capacity_factor, "words": capacity_words(s.capacity_factor, tokens, e.top_k,
                                                                           e.routed),
-            "balanced": balanced, "kept_share": kept_share(s), "per_expert": balanced * kept_share(s)}
+            "balanced": balanced, "kept_share": kept_share(s),
+            "per_expert": balanced if cap is None or cap >= balanced else cap}
 
 
 def padded_rows(s) -> float:
