@@ -194,3 +194,16 @@ def test_a_typo_of_a_form_after_a_listed_model_gets_that_models_names(name, near
     with pytest.raises(UserError) as e:
         target_device(name)
     assert str(e.value).startswith(f"--device: unknown device {name!r} (did you mean {near}?); use one of "), e.value
+
+
+def test_plan_help_lists_the_names_plan_takes():
+    """--help's "known:" list was the table's entries without the PCIe cards `plan` plans (A100-80GB-PCIe)."""
+    import argparse
+
+    from pretrain_cli.commands import plan as plan_command
+    from pretrain_cli.planning import device_names
+
+    parser = argparse.ArgumentParser()
+    plan_command.add_arguments(parser)
+    (device,) = [a for a in parser._actions if "--device" in a.option_strings]
+    assert f"(known: {', '.join(device_names.listed())};" in device.help and "A100-80GB-PCIe" in device.help

@@ -17,7 +17,7 @@ from pathlib import Path
 from pretrain_cli.errors import UserError
 from pretrain_cli.orchestration.planned import DEFAULT_DEVICE
 from pretrain_cli.planning import fit as fit_search
-from pretrain_cli.planning import fit_report, hardware
+from pretrain_cli.planning import device_names, fit_report, hardware
 from pretrain_cli.planning.plan import MFU_FP32, MFU_HALF, MFU_MOE_CPU
 from pretrain_cli.planning.report import format_report
 
@@ -25,7 +25,7 @@ from pretrain_cli.planning.report import format_report
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=DEFAULT_DEVICE,
                         help=f"target accelerator, e.g. A100-80GB, H100, V100-16GB, or cpu (known: "
-                             f"{', '.join(d.name for d in hardware.DEVICES.values())}; default: %(default)s)")
+                             f"{', '.join(device_names.listed())}; default: %(default)s)")
     parser.add_argument("--gpus", type=int, default=None,
                         help="devices (processes) in the run (default: the fewest the file's parallel keys run on: "
                              "tensor x pipeline x context parallel degree x the data ranks expert_parallel_degree "
