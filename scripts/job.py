@@ -9,7 +9,8 @@ killed with SIGKILL first (`distributed/launcher/tempdirs.py`);
 (`training/run_lock.py`: a layer the launcher's own module does not reach into); `job.py output_dir FILE` prints the
 argument file's output_dir (empty when it has none or cannot be read: the ranks then name the file's problem), read
 as the run reads it (`config/parser.py`: JSON or YAML by its name); `job.py checkpoints OUTPUT_DIR [FILE ARGS...]`
-prints the checkpoint-N names output_dir holds (launch.sh asks before its first attempt, under MAX_RESTART); `job.py
+prints each checkpoint-N output_dir holds, as name:inode:ctime (`rerun.identity`: launch.sh asks before its first
+attempt, under MAX_RESTART; an overwrite's own checkpoint-8 is not the one of that name it removed); `job.py
 restart OUTPUT_DIR BEFORE [FILE ARGS...]` prints the checkpoint a MAX_RESTART restart passes as resume_from_checkpoint
 (an empty line: none), then what it starts from (`distributed/launcher/rerun.py`: it said "resuming from the newest
 checkpoint" when output_dir held none). Both read the user's arguments as the run does (`config/parser.parse_config`:
@@ -50,10 +51,10 @@ def main(argv: list[str]) -> int:
         print(then)
         return 0
     if len(argv) >= 2 and argv[0] == "checkpoints":
-        from pretrain_cli.run_dir import list_checkpoints
+        from pretrain_cli.distributed.launcher.rerun import identities
 
         output_dir = _output_dir(argv[1], _arguments(argv[2:]))
-        print(" ".join(p.name for _, p in list_checkpoints(output_dir)) if output_dir else "")
+        print(" ".join(identities(output_dir)) if output_dir else "")
         return 0
     if len(argv) == 2 and argv[0] == "held":
         from pretrain_cli.training.run_lock import refusal
@@ -109,8 +110,9 @@ def _output_dir(given: str, arguments) -> str | None:
 def _restart(output_dir: str, before: set, args: list[str]) -> tuple[str | None, str]:
     """(what a MAX_RESTART restart passes as resume_from_checkpoint, or None; what follows "restart k of N, to"): it
     runs with `--overwrite_output_dir false`, so it resumes from the checkpoint resume_from_checkpoint names, or from
-    the newest of output_dir this job wrote past it (none of `before`, the names output_dir held when launch.sh
-    began), else from output_dir's newest complete one, else starts from step 0 (`rerun.restart`)."""
+    the newest of output_dir this job wrote past it (none of `before`, the checkpoint directories output_dir held
+    when launch.sh began, by `rerun.identity`), else from output_dir's newest complete one, else starts from step 0
+    (`rerun.restart`)."""
     from pretrain_cli.distributed.launcher import rerun
 
     arguments = _arguments(args)

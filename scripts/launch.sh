@@ -146,8 +146,10 @@ max_restart=${MAX_RESTART:-0}
 # `--overwrite_output_dir false` makes sure a run started with overwrite_output_dir: true continues rather than
 # starting over.
 export PRETRAIN_CLI_VERDICTS=$verdicts
-# the checkpoints output_dir holds before the first attempt: past a named resume_from_checkpoint, those a failed attempt
-# wrote (none of these) are this job's own, which a restart continues from (job.py restart)
+# the checkpoints output_dir holds before the first attempt (each as name:inode:ctime: under overwrite_output_dir the
+# first attempt removes another run's checkpoint-8 and writes its own of that name): past a named
+# resume_from_checkpoint, those a failed attempt wrote (none of these) are this job's own, which a restart continues
+# from (job.py restart)
 before=""
 if [ "${MAX_RESTART:-0}" != "0" ]; then before=$("$PY" "$HERE/job.py" checkpoints "$out" "$@" 2>/dev/null || true); fi
 attempt=0

@@ -40,6 +40,13 @@ def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+def checkpoints_past(output_dir, step: int) -> list[Path]:
+    """The published checkpoints of `output_dir` past `step`, oldest first: the one judge of what lies beyond a
+    named checkpoint, which a resume from it is refused beside (`orchestration.resumed.later_checkpoints`) and the
+    re-run advice predicts (`distributed.launcher.rerun.past`)."""
+    return [p for n, p in list_checkpoints(output_dir) if n > step]
+
+
 def latest_checkpoint(output_dir) -> Path | None:
     ckpts = list_checkpoints(output_dir)
     return ckpts[-1][1] if ckpts else None

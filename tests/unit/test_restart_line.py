@@ -13,7 +13,7 @@ from test_launch_script import SCRIPT, _flaky
 from pretrain_cli.distributed.launcher import rerun
 
 # a stand-in PYTHON: job.py's own calls run; the launcher's call is recorded, makes the directory MAKE_<n> names (what
-# attempt n saved) and exits with the n-th of CODES
+# attempt n saved; REMAKE_<n>: saved in place of the one there) and exits with the n-th of CODES
 FAKE = """#!/usr/bin/env bash
 if [ "$1" = "-c" ]; then exit 1; fi
 case "$1" in *job.py) if [ "$2" = "ports" ]; then shift 4; else exec python3 "$@"; fi;; esac
@@ -21,6 +21,8 @@ echo "$@" >> "$RECORD"
 n=$(wc -l < "$RECORD")
 make=$(printenv "MAKE_$n" || true)
 if [ -n "$make" ]; then mkdir -p "$make"; fi
+remake=$(printenv "REMAKE_$n" || true)  # an overwrite's: the old one removed, its own published under the name
+if [ -n "$remake" ]; then mkdir -p "$remake.tmp"; rm -rf "$remake"; mv "$remake.tmp" "$remake"; fi
 code=$(echo "$CODES" | cut -d, -f"$n")
 exit "${code:-0}"
 """
@@ -80,6 +82,23 @@ def test_a_later_checkpoint_output_dir_held_before_the_job_began_is_not_taken_fo
     assert calls[1].endswith("cfg.json --overwrite_output_dir false"), calls
     assert ("to resume from src/checkpoint-4, the checkpoint resume_from_checkpoint names, which is refused: out held "
             "checkpoint-8 past it before this job began (another run's)") in out.stderr, out.stderr
+
+
+def test_under_overwrite_the_checkpoint_the_first_attempt_wrote_in_place_of_another_runs_is_its_own(tmp_path):
+    """overwrite_output_dir: true removes another run's checkpoint-8 past the named checkpoint and the first attempt
+    publishes its own checkpoint-8: by name it was taken for the other run's, and the restart refused (exit 2,
+    advising the overwrite the user had set). The very directory held before the job began is still another run's."""
+    named = _source(tmp_path)
+    (tmp_path / "cfg.json").write_text(json.dumps({"output_dir": "out", "resume_from_checkpoint": named,
+                                                   "overwrite_output_dir": True}))
+    (tmp_path / "out" / "checkpoint-8").mkdir(parents=True)  # another run's
+    out, calls = _launch(tmp_path, REMAKE_1=str(tmp_path / "out" / "checkpoint-8"))
+    assert calls[1].endswith("cfg.json --overwrite_output_dir false --resume_from_checkpoint out/checkpoint-8"), calls
+    assert ("restart 1 of 1, to resume from out/checkpoint-8, the newest complete checkpoint (this job's own, past "
+            "src/checkpoint-4, which resume_from_checkpoint names)") in out.stderr, out.stderr
+    out, calls = _launch(tmp_path)  # the first attempt failed before its overwrite: not this job's
+    assert calls[1].endswith("cfg.json --overwrite_output_dir false"), calls
+    assert "held checkpoint-8 past it before this job began (another run's)" in out.stderr, out.stderr
 
 
 def test_the_users_arguments_are_read_as_the_run_reads_them(tmp_path):

@@ -142,10 +142,10 @@ def later_checkpoints(run: RunConfig, saved: CheckpointDir) -> None:
     own saves: refused in one line."""
     if not run.output.resume_from or run.output.overwrite or not run.loop.do_train or not run.parallel.is_rank0:
         return  # (rank 0 judges the directory, as it verifies the checkpoint: the others take its verdict)
-    from pretrain_cli.run_dir import list_checkpoints
+    from pretrain_cli.run_dir import checkpoints_past
 
     step = saved.state["global_step"]
-    later = [p.name for n, p in list_checkpoints(run.output.output_dir) if n > step]
+    later = [p.name for p in checkpoints_past(run.output.output_dir, step)]
     if later:
         raise UserError(f"resume_from_checkpoint: {saved.name} is step {step}, but {run.output.output_dir} holds "
                         f"{', '.join(later)} past it (another run's, which a plain re-run would resume); set "

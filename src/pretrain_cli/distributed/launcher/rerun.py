@@ -80,21 +80,43 @@ def past(output_dir, resume_from) -> list[Path]:
     if step is None:
         return []
     try:
-        return [p for n, p in run_dir.list_checkpoints(output_dir) if n > step]
+        return run_dir.checkpoints_past(output_dir, step)
     except OSError:
         return []
+
+
+def identity(checkpoint) -> str | None:
+    """`checkpoint-N:inode:ctime` of a checkpoint directory (None: gone), what launch.sh notes before its first
+    attempt (`job.py checkpoints`). Not the name alone: under overwrite_output_dir the first attempt removes another
+    run's checkpoint-8 and publishes its own under that name (a new directory renamed into place: another inode and
+    ctime), which by name was taken for the other run's and the restart refused beside it."""
+    try:
+        st = Path(checkpoint).stat()
+    except OSError:
+        return None
+    return f"{Path(checkpoint).name}:{st.st_ino}:{st.st_ctime_ns}"
+
+
+def identities(output_dir) -> list[str]:
+    """The `identity` of each checkpoint output_dir holds (none where it cannot be read)."""
+    try:
+        found = [identity(p) for _, p in run_dir.list_checkpoints(output_dir)]
+    except OSError:
+        return []
+    return [i for i in found if i]
 
 
 def restart(output_dir, resume_from, before) -> tuple[str | None, str]:
     """(the checkpoint launch.sh's MAX_RESTART restart passes as resume_from_checkpoint, or None; what follows "restart
     k of N, to"). The restart runs with overwrite_output_dir false. Past a named checkpoint lie only checkpoints this
-    job wrote (none of them among `before`, the names output_dir held when launch.sh began): it continues from the
-    newest; held before it began, they are another run's, which the restart is refused beside as the first attempt
-    was (unless that attempt failed before its check)."""
+    job wrote (none of them among `before`, the `identity` of each checkpoint output_dir held when launch.sh began):
+    it continues from the newest; the very directories held before it began are another run's, which the restart is
+    refused beside as the first attempt was (unless that attempt failed before its check, or before an overwrite
+    removed them)."""
     beyond = past(output_dir, resume_from)
     if not beyond:
         return None, resumes(output_dir, False, resume_from)
-    theirs = [p.name for p in beyond if p.name in before]
+    theirs = [p.name for p in beyond if identity(p) in before]
     if theirs:
         return None, (f"resume from {resume_from}, the checkpoint resume_from_checkpoint names, which is refused: "
                       f"{output_dir} held {', '.join(theirs)} past it before this job began (another run's)")
