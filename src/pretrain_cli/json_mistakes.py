@@ -3,7 +3,7 @@
 Python's `json` names what its parser expected at the point it stopped ("Expecting property name enclosed in double
 quotes"), which is the same sentence for a `//` comment, a trailing comma and a single-quoted key, and the point is
 often past the cause (a trailing comma is reported at the `}` on the next line). The files users write by hand (an
-argument file, a model's config.json, a prompt .jsonl) are read by one judge so that every one of them names the
+argument file, a model's config.json, a prompt .jsonl, a tokenizer_config.json, a shard index) are read by one judge so that every one of them names the
 mistake the same way, at the place to edit: `loads` is that one reader.
 """
 from __future__ import annotations
@@ -126,6 +126,9 @@ def explain(e: json.JSONDecodeError, first_line: int = 1) -> str:
     return f"{_where(e.doc, pos, first_line)}: invalid JSON: {what}"
 
 
+NESTED = "nested deeper than a JSON reader follows"  # (`'['*100000`: valid JSON; `json` raises RecursionError)
+
+
 def loads(data: str | bytes, where: str, holds: str, fix: str = "", line: int | None = None, **kw) -> object:
     """`data` (a file's text, or its bytes, decoded as strict UTF-8: transformers reads config.json so) parsed, or
     one `UserError` naming `where` (`line`: `data` is that line of the file) and what to do: invalid JSON (`explain`,
@@ -137,6 +140,6 @@ def loads(data: str | bytes, where: str, holds: str, fix: str = "", line: int | 
     except json.JSONDecodeError as e:
         raise UserError(f"{where}:{explain(e, line or 1)}{'; ' + fix if fix else ''}") from None
     except RecursionError:
-        raise UserError(f"{at}: nested deeper than a JSON reader follows; {holds}") from None
+        raise UserError(f"{at}: {NESTED}; {holds}") from None
     except UnicodeDecodeError as e:
         raise UserError(f"{at}: byte {e.start} is not UTF-8 ({e.reason}); save the file as UTF-8") from None

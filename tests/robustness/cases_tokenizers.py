@@ -16,7 +16,7 @@ def k_corrupt_tokenizer_json(d):
     return cfg(d), ["tok/tokenizer.json", "cannot be loaded"]
 def k_bad_tokenizer_config(d):
     (d / "tok" / "tokenizer_config.json").write_text("{bad json")
-    return cfg(d), ["tok/tokenizer_config.json", "not valid JSON"]
+    return cfg(d), ["tok/tokenizer_config.json", "invalid JSON"]
 def k_vocab_too_large(d):
     make_tokenizer(d / "big", vocab_size=600, pad_to=600)
     return cfg(d, tokenizer_name_or_path="big"), ["tokenizer_name_or_path", "600 tokens", "vocab_size is 512"]

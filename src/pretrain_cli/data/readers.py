@@ -17,6 +17,8 @@ import lzma
 import zlib
 from pathlib import Path
 
+from pretrain_cli.json_mistakes import NESTED
+
 FORMATS = (".jsonl", ".json", ".txt")
 COMPRESSIONS = (".gz", ".zst", ".zstd", ".bz2", ".xz")
 PARQUET = ".parquet"
@@ -170,6 +172,9 @@ class FileReader:
         where = f"{self.path}:{lineno}"
         try:
             obj = json.loads(line)
+        except RecursionError:  # (`'['*100000`: json_mistakes.loads's words, as a bad line --skip_bad_lines skips)
+            self.bad(where, NESTED, "a .jsonl line is one JSON object: fix it")
+            return None
         except UnicodeDecodeError as e:
             self.bad(where, f"not UTF-8 ({e.reason} at byte {e.start} of the line)", "re-encode the file as UTF-8")
             return None

@@ -22,7 +22,7 @@ import os
 import re
 from pathlib import Path
 
-from pretrain_cli import atomic
+from pretrain_cli import atomic, json_mistakes
 from pretrain_cli.data.tokenizer_ids import ids_form
 from pretrain_cli.errors import UserError
 
@@ -46,13 +46,14 @@ def _token_text(value) -> str | None:
 
 
 def _read_json(path: Path) -> dict:
+    """A tokenizer config file's object ({} when it is not there), read as every user's JSON file is
+    (`json_mistakes.loads`: the mistake at its line:column, deep nesting and bytes not UTF-8 one line each)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
+        data = path.read_bytes()
     except FileNotFoundError:
         return {}
-    except ValueError as e:
-        raise UserError(f"{path}: not valid JSON ({e}); fix or delete it") from None
+    obj = json_mistakes.loads(data, str(path), holds=f"{path.name} is one JSON object; fix or delete it",
+                              fix="fix or delete it")
     return obj if isinstance(obj, dict) else {}
 
 

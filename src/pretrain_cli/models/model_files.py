@@ -7,6 +7,7 @@ import json
 import os
 import re
 
+from pretrain_cli import json_mistakes
 from pretrain_cli.errors import UserError
 from pretrain_cli.models.foreign_weights import refuse_unread, weight_files
 from pretrain_cli.storage import fp8
@@ -61,11 +62,14 @@ def find_weights(src_dir, use: str = "inference") -> list[str]:
     index = os.path.join(src_dir, INDEX_FILE)
     if os.path.isfile(index):
         try:
-            with open(index, encoding="utf-8") as f:
-                weight_map = json.load(f).get("weight_map")
-        except (OSError, ValueError, AttributeError) as e:
+            with open(index, "rb") as f:
+                data = f.read()
+        except OSError as e:
             raise UserError(f"{index}: unreadable shard index ({e}); re-create it or point to another "
                             f"checkpoint") from None
+        again = "re-create it or point to another checkpoint"
+        obj = json_mistakes.loads(data, index, holds=f"a shard index is one JSON object; {again}", fix=again)
+        weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) and v and os.path.basename(v) == v
                                                        for v in weight_map.values()):
             raise UserError(f"{index}: `weight_map` must map tensor names to shard file names in this directory; "
@@ -147,7 +151,7 @@ def quantization_block(src_dir) -> tuple[int, int]:
     try:
         with open(os.path.join(str(src_dir), "config.json"), encoding="utf-8") as f:
             quant = json.load(f).get("quantization_config")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # (ModelConfig.from_file names what is wrong)
         quant = None
     return fp8.block_size(quant if isinstance(quant, dict) else None)
 
