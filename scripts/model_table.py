@@ -43,6 +43,11 @@ def needs(name: str) -> str:
     shipped = f"as shipped {f['before']['memory_gib']:.1f} GiB/GPU"
     if f["after"] is not None:
         change = ", ".join(f"{k} {json.dumps(new)}" for k, _, new in f["diff"])
+        if kept := f.get("kept"):  # (`orchestration.planned._kept`: a gain within the speed model's error)
+            faster = ", ".join(f"{k} {json.dumps(new)}" for k, _, new in kept["diff"])
+            return (f"fits: {shipped}, kept (the fastest that fits, {faster}, plans {kept['gain']:.1%} faster: "
+                    f"within the speed model's {kept['within']:.0%} error)"
+                    + (f"; with {change} ({f['after']['memory_gib']:.1f} GiB)" if change else ""))
         return f"fits: {shipped}" + (f"; fastest that fits: {change} ({f['after']['memory_gib']:.1f} GiB)"
                                     if change else " (already the fastest that fits)")
     more = f["more_devices"]

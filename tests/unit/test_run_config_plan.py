@@ -33,8 +33,8 @@ def test_plan_models_the_attention_and_recompute_that_train_runs(tmp_path):
 
 
 def test_plan_of_a_cpu_file_says_which_device_it_plans_and_how_to_plan_this_machine():
-    """`plan configs/demo_cpu.json` (no --device) said "planning for gpu as --device asks": no --device was given
-    (plan's default, A100-80GB, was planned) and the device was named by its kind."""
+    """`plan configs/demo_cpu.json --device A100-80GB` names the device planned, not its kind ("planning for gpu as
+    --device asks"); without --device, plan plans the file's cpu (`planned.own_device`)."""
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.config.resolve import resolve
     from pretrain_cli.run_config import Target
@@ -43,7 +43,7 @@ def test_plan_of_a_cpu_file_says_which_device_it_plans_and_how_to_plan_this_mach
     args = parse_config(None, BASE)  # device cpu
     run = resolve(args, model_config(), Target("gpu", 1, gpu_name="A100-80GB", planned=True))
     note = [n for n in run.notes if n.startswith("device:")]
-    assert note == ["device: the file says 'cpu'; planning for A100-80GB (plan's --device, or its default); "
+    assert note == ["device: the file says 'cpu'; planning for A100-80GB (plan's --device); "
                     "`plan --device cpu` plans this machine"]
     assert "as --device asks" not in " ".join(run.notes)
 

@@ -23,9 +23,10 @@ from pretrain_cli.planning.report import format_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default=DEFAULT_DEVICE,
+    parser.add_argument("--device", default=None,
                         help=f"target accelerator, e.g. A100-80GB, H100, V100-16GB, or cpu (known: "
-                             f"{', '.join(device_names.listed())}; default: %(default)s)")
+                             f"{', '.join(device_names.listed())}; default: the file's device: "
+                             f"cpu for a file that says `device: cpu`, else {DEFAULT_DEVICE})")
     parser.add_argument("--gpus", type=int, default=None,
                         help="devices (processes) in the run (default: the fewest the file's parallel keys run on: "
                              "tensor x pipeline x context parallel degree x the data ranks expert_parallel_degree "
@@ -79,8 +80,11 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE,
     the GPU's, and kept at cpu the GPU machine would run it on its host, the layout the fit chose included.
 
     Its `output_dir` is the source's + `-fitted`: training it never overwrites or resumes the source's run by
-    accident (a run with `overwrite_output_dir: true` would wipe it). When the source's directory holds a
-    checkpoint (a run that ran out of memory), the fitted file resumes from the newest one by name
+    accident (a run with `overwrite_output_dir: true` would wipe it); where plan's command line names another
+    model (`--model_name_or_path`, the file's output_dir kept), the directory beside it named for that model +
+    `-fitted` (a Llama-2-7B planned over a llama-3-8b file: not `./checkpoints/llama-3-8b-fitted`). When the
+    source's directory holds a checkpoint (a run that ran out of memory), the fitted file resumes from the newest
+    one by name
     (`resume_from_checkpoint`): any layout resumes from any other, and the fit keeps the global batch. Not when
     plan's command line changed the model or `max_seq_length` (a CPU try-out's file planned for a published model),
     nor when PaddleNLP's Trainer wrote it (a PaddleNLP run's output_dir): `train` would refuse that checkpoint, so
@@ -102,8 +106,13 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE,
     for key, value in [*((k, args.get(k)) for k, where in args.explicit.items() if where != "file"), *change.items()]:
         raw = _put(raw, key, value)
     source = str(args.get("output_dir")).rstrip("/") or "."
-    raw["output_dir"] = f"{source}-fitted"
-    said = f"output_dir {raw['output_dir']} (the source's {source} is left to its run)"
+    raw["output_dir"], why = f"{source}-fitted", ""
+    model = str(args.get("model_name_or_path") or "").rstrip("/")
+    if args.explicit.get("model_name_or_path") not in (None, "file") and args.explicit.get("output_dir") in (
+            None, "file") and Path(model).name:  # another model than the file's: its directory named for it
+        raw["output_dir"] = f"{source.rpartition('/')[0]}{'/' if '/' in source else ''}{Path(model).name}-fitted"
+        why = f"named for --model_name_or_path {model}; "
+    said = f"output_dir {raw['output_dir']} ({why}the source's {source} is left to its run)"
     ckpts = run_dir.list_checkpoints(source) if not raw.get("resume_from_checkpoint") else []
     other = _another_run(args, ckpts[-1][1]) if ckpts else None
     if ckpts and other is None:
@@ -258,14 +267,15 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     args, f = planned.fit_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, margin, ns.peak_tflops,
                                node=node, progress=Searching)
+    device = ns.device or f["device"]["name"]  # (else the file's: `planned.own_device`)
     if ns.output and f["after"] is not None:  # every key written is in the printed changes: the command line's too
-        said, given = write_fitted(args, f["change"], ns.output, ns.device, ns.tokens)
+        said, given = write_fitted(args, f["change"], ns.output, device, ns.tokens)
         f = {**f, "given": given}
     if not ns.json and f["notes"]:
         print("\n".join(f"note: {n}" for n in f["notes"]))
     print(json.dumps(f, indent=2, ensure_ascii=False) if ns.json else fit_report.format_fit(f))
     if ns.output and f["after"] is not None and not ns.json:
-        print(f"wrote {ns.output}: {said}; {next_steps(ns.output, ns.device, f['gpus'], ns.gpus_per_node)}")
+        print(f"wrote {ns.output}: {said}; {next_steps(ns.output, device, f['gpus'], ns.gpus_per_node)}")
     elif ns.output and f["after"] is None:  # (under --json on stderr: stdout is the one JSON object)
         print(nothing_written(ns.output, f), file=sys.stderr if ns.json else sys.stdout)
     return 0 if f["after"] is not None else 1

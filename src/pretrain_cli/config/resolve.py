@@ -238,10 +238,10 @@ def resolve(args: Arguments, model_cfg, target: Target, judge=None) -> RunConfig
     device = t.device
     if target.planned:
         if t.device != target.device:
-            # plan's --device has a default: "as --device asks" was said with no --device given
+            # (plan plans the file's device unless --device names another: `orchestration.planned.own_device`)
             here = "; `plan --device cpu` plans this machine" if t.device == "cpu" else ""
             notes.append(f"device: the file says {t.device!r}; planning for {target.gpu_name or target.device} "
-                         f"(plan's --device, or its default){here}")
+                         f"(plan's --device){here}")
         device = target.device
     elif t.device == "gpu" and target.device != "gpu":
         device = "cpu"

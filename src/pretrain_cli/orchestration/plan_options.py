@@ -17,10 +17,11 @@ from pretrain_cli.planning.layout import tp_inside_node
 from pretrain_cli.planning.plan import target_device
 
 
-def check_flags(device: str, gpus: int | None, mfu: float | None, peak_tflops: float | None, margin: float = 0.0,
+def check_flags(device: str | None, gpus: int | None, mfu: float | None, peak_tflops: float | None, margin: float = 0.0,
                 node: hardware.Node = hardware.Node(), measured_mfu: float | None = None) -> None:
     """`plan`'s own options, checked before the file is read (`gpus` None: the file's, checked once it is read:
-    `file_gpus`, which also checks a given one against the nodes and the file's layout)."""
+    `file_gpus`, which also checks a given one against the nodes and the file's layout; `device` None: the file's,
+    cpu or the default GPU, `planned.own_device`)."""
     if node.gpus < 1:
         raise UserError(f"--gpus_per_node: must be >= 1 (GPUs in one node), got {node.gpus}")
     if node.cross_node_gbps is not None and not 0 < node.cross_node_gbps < float("inf"):
@@ -39,7 +40,8 @@ def check_flags(device: str, gpus: int | None, mfu: float | None, peak_tflops: f
                         "the ETA; --mfu the kernels' share of peak the speed model adds traffic to)")
     if peak_tflops is not None and not (0 < peak_tflops < float("inf")):
         raise UserError(f"--peak_tflops: must be a number > 0 (dense TFLOPS per device), got {peak_tflops}")
-    target_device(device)
+    if device is not None:
+        target_device(device)
 
 
 def check_gpus(gpus: int, node: hardware.Node, why: str = "", need: tuple[int, str, int] = (1, "", 1)) -> None:

@@ -29,14 +29,17 @@ from pretrain_cli.planning.fit_precision import pick_precision
 from pretrain_cli.planning.eta import at_measured_mfu
 from pretrain_cli.planning.machines import fewer_a_machine
 from pretrain_cli.planning.plan import MFU_HALF, Device, device_note, report, target_device
-from pretrain_cli.planning.speed import fp32_on_gpu_note
+from pretrain_cli.planning.speed import fp32_on_gpu_note, speed, traffic_bound
 from pretrain_cli.planning.suggestions import checkpoint_disk_note, machine_too_small, suggest, within_budget
 from pretrain_cli.planning.report import CheckpointPlan, Plan
 
 if TYPE_CHECKING:
     from pretrain_cli.models.config import ModelConfig
 
-DEFAULT_DEVICE = "A100-80GB"  # `plan --device` when none is given
+DEFAULT_DEVICE = "A100-80GB"  # `plan --device` when none is given and the file's device is gpu (its default)
+# `--fit` keeps the file's layout where the fastest is predicted less than this much faster: docs/PLAN.md's stated
+# error of the speed model's step (+6 % against fleet's played pipeline schedule) is the least it can be off by
+KEEP_WITHIN = 0.06
 SEARCHED = ("per_device_train_batch_size", "gradient_accumulation_steps", "recompute", "recompute_granularity",
             "use_flash_attention", "sharding", "sharding_parallel_degree", "tensor_parallel_degree",
             "pipeline_parallel_degree", "context_parallel_degree", "sequence_parallel", "expert_parallel_degree")
@@ -152,10 +155,11 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     found = fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path,
                            progress, fewer)
     if not levels or base.precision.amp_level != "O1" or not base.device.peak_tflops:
-        return found
+        return _kept(found, found, current, base, replan, budget, carried)
     if "fp16_opt_level" in args.explicit:  # the file's level is kept: O2's search (40 % of the time) not run
-        return {**found, "notes": [*found["notes"], "precision: the file sets fp16_opt_level O1, so --fit keeps it "
-                                                    "(without the key it tries O2 too)"]}
+        found = {**found, "notes": [*found["notes"], "precision: the file sets fp16_opt_level O1, so --fit keeps it "
+                                                     "(without the key it tries O2 too)"]}
+        return _kept(found, found, current, base, replan, budget, carried)
     # a half-precision O1 file: O2 (half weights, fp32 master weights and AdamW state) searched too, as a lever
     o2_args = with_changes(searched, {"fp16_opt_level": "O2"})
     o2_base = plan(o2_args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops, node)
@@ -163,7 +167,37 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
                                                                  baseline_bytes, peak_tflops, node),
                         budget, margin, [*carried, ("fp16_opt_level", "O1", "O2")], list(notes), args.config_path,
                         progress)
-    return pick_precision(found, o2, base.precision.amp_dtype, bool(searched.training.amp_master_grad))
+    best = pick_precision(found, o2, base.precision.amp_dtype, bool(searched.training.amp_master_grad))
+    return _kept(best, found, current, base, replan, budget, carried)
+
+
+def _kept(best: dict, found: dict, current: dict, base: Plan, replan, budget: float, carried: list) -> dict:
+    """`best` (the fit's answer), or the file's own layout where it fits the budget and the answer is predicted
+    less than KEEP_WITHIN faster than it: a gain the speed model cannot tell from its own error is no reason to
+    change the file's degrees (Llama-2-7B on 8 A100 over a tp 2 file: tp 1 for +1.5 %). The file's layout takes the
+    answer's flash attention: the faster kernel where it runs, whose gain the model's FLOPs leave out. Then `found`
+    (the search at the file's precision level, `base` its plan) with that layout as the answer: the eval keys
+    `fit_eval` sets there and the precision the device needs (`carried`) are still changed, and "kept" names the
+    faster one (`fit_report.format_fit` says it)."""
+    flash = {k: v for k, v in (best["change"] or {}).items() if k == "use_flash_attention"}
+    moved = [d for d in best["diff"] if (d[0] in SEARCHED or d[0] == "fp16_opt_level") and d[0] not in flash]
+    if best["after"] is None or not moved or best["ranked_by"] != "speed":
+        return best
+    own = replan(flash) if flash else base
+    if own is None or own.least_gib > budget:
+        return best
+    mine, fastest = speed(own), best["after"]["speed"]
+    gain = fastest["tokens_per_sec"] / mine["tokens_per_sec"] - 1  # (one global batch: the steps' ratio)
+    if gain >= KEEP_WITHIN:
+        return best
+    evaluation = fit_search.fit_eval(current, {"change": flash, "report": own}, replan, budget,
+                                     own.parallel.data_ranks)
+    change = {**flash, **evaluation.get("change", {})}
+    return {**found, "after": {"memory_gib": own.memory_gib, "startup_gib": own.startup_gib, "speed": mine,
+                               "bound": traffic_bound(own, mine)},
+            "change": {**{k: v for k, _, v in carried}, **change},
+            "diff": list(carried) + fit_search.diff(current, change), "eval": evaluation or None, "faster": None,
+            "kept": {"diff": moved, "speed": fastest, "gain": gain, "within": KEEP_WITHIN}}
 
 
 def _current(args: Arguments) -> dict:
@@ -244,30 +278,41 @@ def parse(config: str | None, overrides: list[str] | None) -> tuple[Arguments, M
     return args, build_model_config(args)[1]
 
 
-def from_file(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE,
+def own_device(args: Arguments, device: str | None) -> str:
+    """The device `plan` plans: `--device` as given, else the file's own: `cpu` for a file that says so (a CPU
+    try-out's file planned on a GPU got GPU notes that do not apply and an ETA of 0.00 h), else DEFAULT_DEVICE."""
+    if device is not None:
+        return device
+    return "cpu" if args.training.device == "cpu" else DEFAULT_DEVICE
+
+
+def from_file(config: str | None, overrides: list[str] | None = None, device: str | None = None,
               gpus: int | None = 1, mfu: float | None = None, suggest_changes: bool = True, baseline_bytes: float = 0.0,
               peak_tflops: float | None = None, node: hardware.Node = hardware.Node(),
               measured_mfu: float | None = None, progress=None) -> Plan:
     """`plan`'s report of an argument file (`--json` prints its `to_json()`), with suggestions when the run does
-    not fit: the command's flags checked once, the file parsed once. `gpus` None: the file's
-    (`plan_options.file_gpus`). `measured_mfu`: the mfu `train` logged for this layout, which then gives the ETA
-    (`eta.at_measured_mfu`); `progress`: the search's where no one key fits (`fit.search`)."""
+    not fit: the command's flags checked once, the file parsed once. `device` None: the file's (`own_device`);
+    `gpus` None: the file's (`plan_options.file_gpus`). `measured_mfu`: the mfu `train` logged for this layout,
+    which then gives the ETA (`eta.at_measured_mfu`); `progress`: the search's where no one key fits (`fit.search`)."""
     plan_options.check_flags(device, gpus, mfu, peak_tflops, node=node, measured_mfu=measured_mfu)
     args, model_cfg = parse(config, overrides)
+    device = own_device(args, device)
     gpus, said = plan_options.file_gpus(args, gpus, node)
     out = plan(args, model_cfg, device, gpus, mfu, suggest_changes, baseline_bytes, peak_tflops, node,
                measured_mfu=measured_mfu, progress=progress)
     return dataclasses.replace(out, notes=(*said, *out.notes)) if said else out
 
 
-def fit_file(config: str | None, overrides: list[str] | None = None, device: str = DEFAULT_DEVICE,
+def fit_file(config: str | None, overrides: list[str] | None = None, device: str | None = None,
              gpus: int | None = 1, mfu: float | None = None, margin: float = fit_search.DEFAULT_MARGIN,
              peak_tflops: float | None = None, budget_gib: float | None = None, baseline_bytes: float = 0.0,
              node: hardware.Node = hardware.Node(), progress=None) -> tuple[Arguments, dict]:
     """(the parsed arguments, `plan --fit`'s result for an argument file): the flags checked once, the file
-    parsed once. `gpus` None: the file's (`plan_options.file_gpus`). `progress`: each search's (`fit.search`)."""
+    parsed once. `device` None: the file's (`own_device`); `gpus` None: the file's (`plan_options.file_gpus`).
+    `progress`: each search's (`fit.search`)."""
     plan_options.check_flags(device, gpus, mfu, peak_tflops, margin, node)
     args, model_cfg = parse(config, overrides)
+    device = own_device(args, device)
     gpus, said = plan_options.file_gpus(args, gpus, node)
     f = fit(args, model_cfg, device, gpus, mfu, margin, peak_tflops, budget_gib, baseline_bytes, node,
             progress=progress)

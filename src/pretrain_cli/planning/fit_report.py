@@ -77,7 +77,7 @@ def format_fit(f: dict) -> str:
                          f"{m['gpus']})")
         return "\n".join(lines)
     if not f["diff"]:
-        lines.append(f"  no change: the file is already the fastest layout that fits ({before})"
+        lines.append(f"  no change: {_kept(f) or 'the file is already the fastest layout that fits'} ({before})"
                      + _run_time(f, f["before"]["speed"]))
         lines += ["  changes (old -> new), from the command line:", *given] if given else []
         if f.get("faster"):  # (as --json's "faster" says it)
@@ -85,6 +85,7 @@ def format_fit(f: dict) -> str:
         return "\n".join(lines)
     lines.append("  changes (old -> new):")
     lines += [f"    {k}: {json_value(old)} -> {json_value(new)}" for k, old, new in f["diff"]] + given
+    lines += [f"  layout: {_kept(f)}"] if f.get("kept") else []
     lines.append(f"  memory per device: {_gib(f['before']['memory_gib'])} -> {_gib(f['after']['memory_gib'])} "
                  f"(budget {_gib(f['budget_gib'])})")
     if over:  # why it changes, even for a slower layout
@@ -107,6 +108,17 @@ def format_fit(f: dict) -> str:
     if f.get("faster"):
         lines.append(_faster_line(f["faster"], f["budget_gib"], dev["memory_gib"]))
     return "\n".join(lines)
+
+
+def _kept(f: dict) -> str:
+    """Why the file's layout is the answer though a faster one fits (`planned._kept`: the gain is within the speed
+    model's error), or "" where it is not."""
+    k = f.get("kept")
+    if not k:
+        return ""
+    change = ", ".join(f"{key} {json_value(v)}" for key, _, v in k["diff"])
+    return (f"the file's layout is within {k['gain']:.1%} of the fastest planned ({change}: {_tok(k['speed'])}), "
+            f"under the speed model's {k['within']:.0%} error: kept")
 
 
 def _faster_line(x: dict, budget: float, device_gib: float) -> str:
