@@ -66,10 +66,12 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def stopped(pid: int) -> bool:
-    """Whether `pid` is stopped (SIGSTOP, a debugger: state T or t): alive, and making no progress."""
+def stopped(pid: int, traced: bool = True) -> bool:
+    """Whether `pid` is stopped (SIGSTOP, a debugger: state T or t): alive, and making no progress. `traced` False:
+    a job-control stop only (T), not a tracer's (t: `gdb -p`, `py-spy dump`, `strace -p` touch a healthy process
+    for a moment)."""
     fields = _stat(pid)
-    return fields is not None and fields[0] in (b"T", b"t")
+    return fields is not None and fields[0] in ((b"T", b"t") if traced else (b"T",))
 
 
 def exit_status(pid: int) -> int | None:

@@ -25,12 +25,12 @@ def test_the_hung_rank_is_the_stopped_one_then_the_one_not_waiting_then_the_olde
     now = 100.0
     records = {0: _rec("collective", since=50.0), 1: _rec("forward/backward", since=60.0), 2: _rec("collective", 89.0)}
     assert progress.hung(records, now, 10.0) == (1, 40.0)  # the others wait in a collective for it
-    assert progress.hung(records, now, 10.0, stopped={2}) == (2, 11.0)  # a stopped process is decisive
+    assert progress.hung(records, now, 10.0, stopped={2: 0.0}) == (2, 11.0)  # a stopped process is decisive
     assert progress.hung({0: _rec("collective", 50.0), 1: _rec("collective", 40.0)}, now, 10.0)[0] == 1
     assert progress.hung(records, now, 100.0) is None and progress.hung(records, now, 0) is None
     # a rank stopped after the others began to wait: not late itself yet, but the one they wait for
     waiting = {0: _rec("collective", since=85.0), 1: _rec("save", since=95.0), 2: _rec("collective", 96.0)}
-    assert progress.hung(waiting, now, 10.0, stopped={1}) == (1, 5.0)
+    assert progress.hung(waiting, now, 10.0, stopped={1: 0.0}) == (1, 5.0)
     assert progress.hung(waiting, now, 10.0) == (1, 5.0)  # not stopped: the one not waiting in a collective
 
 

@@ -60,7 +60,7 @@ def test_a_rank_waiting_for_a_slower_ranks_part_of_a_save_is_not_called_hung(tmp
     assert progress.hung(records, waiting["since"] + 25.0, None) is None
     # past the save's allowance (at least 600 s): the rank named is the one still writing, stopped or not
     late = waiting["since"] + progress.START + 1.0
-    assert progress.hung(records, late, 10.0, stopped={other})[0] == other
+    assert progress.hung(records, late, 10.0, stopped={other: 0.0})[0] == other
     assert progress.hung(records, late, 10.0)[0] == other
     assert progress.hung(records, late, None)[0] == other
 
@@ -115,7 +115,46 @@ def test_a_stopped_rank_is_late_after_the_plain_hang_timeout_whatever_its_phase(
     since = 1000.0
     records = {0: {"phase": "save (waiting)", "since": since, "step_seconds": 1.0},
                1: {"phase": phase, "since": since - 1.0, "step_seconds": 1.0}}
-    assert progress.hung(records, since + 11.0, 10.0, stopped={1}) == (1, 12.0)
-    assert progress.hung(records, since + progress.DEFAULT, None, stopped={1}) == (1, progress.DEFAULT + 1.0)
+    assert progress.hung(records, since + 11.0, 10.0, stopped={1: 0.0}) == (1, 12.0)
+    assert progress.hung(records, since + progress.DEFAULT, None, stopped={1: 0.0}) == (1, progress.DEFAULT + 1.0)
     assert progress.hung(records, since + 11.0, 10.0) is None  # not stopped: a slow save, not a hang
     assert progress.hung(records, since + progress.DEFAULT, None) is None
+
+
+def test_a_slow_save_stopped_for_a_moment_is_timed_from_the_stop():
+    """A healthy save already past hang_timeout (its save's allowance holds it) is no hang the moment a 1 s SIGSTOP
+    touches it: a stopped rank is timed from the later of its mark and when it was first seen stopped."""
+    since = 1000.0
+    records = {0: {"phase": "save (waiting)", "since": since, "step_seconds": 1.0},
+               1: {"phase": "save", "since": since - 1.0, "step_seconds": 1.0}}
+    stop = since + 40.0  # 41 s into its own write, hang_timeout 10
+    assert progress.hung(records, stop + 1.0, 10.0, stopped={1: stop}) is None
+    assert progress.hung(records, stop + 10.0, 10.0, stopped={1: stop}) == (1, 51.0)  # still stopped: late
+
+
+def test_the_watcher_keeps_when_a_rank_was_first_seen_stopped_and_leaves_a_debuggers_stop_out(tmp_path, monkeypatch):
+    """State T: timed from when the watcher first saw it, forgotten once it runs; state t (`gdb -p`, `py-spy dump`,
+    `strace -p` on a healthy rank) is no stop here."""
+    from pretrain_cli import processes
+    from pretrain_cli.distributed.launcher import watcher
+
+    for r, phase in ((0, "save (waiting)"), (1, "save")):
+        rec = progress.Record(tmp_path / f"progress.{r}")
+        rec.mark(phase, 8)
+    w = watcher.Watcher(0, {0: 10, 1: 11}, "h", tmp_path, None, grace=1.0, hang_timeout=10.0)
+    since = progress.read(tmp_path, [1])[1]["since"]
+    state, clock = {}, [since + 40.0]
+    monkeypatch.setattr(processes, "_stat", lambda pid: [state.get(pid, b"S")])
+    monkeypatch.setattr(watcher.time, "time", lambda: clock[0])
+    state[11] = b"t"  # a debugger's look at the slow save
+    assert w._check_progress(0) is None and w.stopped_at == {}
+    state[11] = b"T"
+    assert w._check_progress(0) is None and w.stopped_at == {1: since + 40.0}
+    clock[0] += 5.0
+    state[11] = b"S"  # running again: forgotten
+    assert w._check_progress(0) is None and w.stopped_at == {}
+    state[11] = b"T"
+    assert w._check_progress(0) is None and w.stopped_at == {1: since + 45.0}
+    clock[0] += 10.0
+    found = w._check_progress(0)
+    assert found is not None and found["ranks"] == [1] and found["phase"] == "save", found

@@ -15,7 +15,10 @@ rank 0 marks `save` again for its publish),
 `DEFAULT` seconds, raised to `STEPS` of the run's own step time once that is known; `start-up`, `save` and
 `eval`, whose length no step time predicts, at least `START`; a rank waiting for the others to finish a save the
 save's allowance too: judged by the plain key, a healthy save whose ranks' parts differ by more than it was called
-hung; a stopped rank, `/proc` state T, the plain one in any phase: it cannot progress), the job has stalled, and the rank named is the one the others wait for: a stopped one (`/proc` state T), else
+hung; a stopped rank, `/proc` state T, the plain one in any phase, timed from its mark or from when its watcher
+first saw it stopped, whichever is later: it cannot progress, but a slow save already past the plain one and stopped
+for a moment is no hang; a debugger's stop, state t, counts as running), the job has stalled, and the rank named is
+the one the others wait for: a stopped one (`/proc` state T), else
 one that is not waiting (`WAITING`: in a collective, or for a save's other parts), else the late one whose mark is
 oldest. Inside a pipeline's schedule a stage
 waiting for its neighbour is in `forward/backward` too, so there a hang that is not a stopped process is named by
@@ -168,23 +171,27 @@ def _settled(path: Path, tries: int = 5) -> bytes:
 
 def allowance(phase: str, key: float | None, step_seconds: float, stopped: bool = False) -> float | None:
     """Seconds a rank may stay in `phase` without a new mark (None: not watched, `hang_timeout: 0`). A `stopped` rank
-    (`/proc` state T) cannot progress whatever its phase: the plain timeout (a rank stopped while writing its part of
-    a save was named only after the save's 600 s)."""
+    (`/proc` state T) cannot progress whatever its phase: the plain timeout, from when it was seen stopped (`hung`; a
+    rank stopped while writing its part of a save was named only after the save's 600 s)."""
     if key == 0 or phase == "done":
         return None
     base = key if key is not None else max(DEFAULT, STEPS * step_seconds)
     return max(base, START) if phase in LONG and not stopped else base
 
 
-def hung(records: dict, now: float, key: float | None, stopped=()) -> tuple[int, float] | None:
+def hung(records: dict, now: float, key: float | None, stopped=None) -> tuple[int, float] | None:
     """(the hung rank, its seconds without progress), or None: see the module docstring. Once any rank is late, the
     job has made no progress for that long, and the rank named is the one the others wait for, late itself or not
-    (it may have marked its phase after a waiting rank marked its wait)."""
+    (it may have marked its phase after a waiting rank marked its wait). `stopped`: {rank: when its watcher first
+    saw it stopped}: such a rank is late also once it has been stopped the plain timeout past its mark, timed from
+    the later of the two (a slow healthy save past `hang_timeout`, touched by a 1 s SIGSTOP, is no hang)."""
+    stopped = stopped or {}
     step_s = max((rec["step_seconds"] for rec in records.values()), default=0.0)
     late = []
     for r, rec in records.items():
-        allowed = allowance(rec["phase"], key, step_s, r in stopped)
-        if allowed is not None and now - rec["since"] >= allowed:
+        allowed = allowance(rec["phase"], key, step_s)
+        if allowed is not None and (now - rec["since"] >= allowed or r in stopped and now - max(
+                rec["since"], stopped[r]) >= allowance(rec["phase"], key, step_s, stopped=True)):
             late.append(r)
     if not late:
         return None

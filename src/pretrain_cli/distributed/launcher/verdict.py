@@ -137,10 +137,11 @@ class Evidence:
     def _stopped(self, r: int) -> bool:
         return self.stopped_now(r) or (self.shared / f"stopped.{r}").exists()
 
-    def stopped_now(self, r: int) -> bool:
-        """Whether rank `r` is stopped (`kill -STOP`, a debugger), and not by its watcher, which holds a survivor of a
-        death stopped until the host's lines are out (`held.R`, shared before its SIGSTOP: `Watcher._hold_parent`)."""
-        return processes.stopped(self.ranks[r]) and not (self.shared / f"held.{r}").exists()
+    def stopped_now(self, r: int, traced: bool = True) -> bool:
+        """Whether rank `r` is stopped (`kill -STOP`, a debugger; `traced` False: not a debugger's stop,
+        `processes.stopped`), and not by its watcher, which holds a survivor of a death stopped until the host's
+        lines are out (`held.R`, shared before its SIGSTOP: `Watcher._hold_parent`)."""
+        return processes.stopped(self.ranks[r], traced) and not (self.shared / f"held.{r}").exists()
 
     # ------------------------------------------------------------------ the one verdict of the host
     def decided(self) -> dict | None:

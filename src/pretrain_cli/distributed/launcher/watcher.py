@@ -97,6 +97,7 @@ class Watcher:
         self.stopping = False
         self.held = False  # its rank, a survivor of a death, is held stopped until the host's lines are out
         self.named: set = set()  # stragglers named in this rank's log already
+        self.stopped_at: dict = {}  # rank -> when it was first seen stopped (`/proc` state T), while it stays so
 
     # ------------------------------------------------------------------ the loop
     def run(self, pipe: int, log: int) -> None:
@@ -234,9 +235,13 @@ class Watcher:
 
     def _check_progress(self, log: int) -> dict | None:
         """A hung rank of this host as the host's verdict (published), or None; names new stragglers."""
-        records = progress.read(self.shared, self.ranks)
-        stopped = {r for r in records if self.evidence.stopped_now(r)}
-        found = progress.hung(records, time.time(), self.hang_timeout, stopped)
+        records, now = progress.read(self.shared, self.ranks), time.time()
+        for r in records:  # when each rank was first seen stopped, forgotten once it runs again (`progress.hung`)
+            if self.evidence.stopped_now(r, traced=False):
+                self.stopped_at.setdefault(r, now)
+            else:
+                self.stopped_at.pop(r, None)
+        found = progress.hung(records, now, self.hang_timeout, dict(self.stopped_at))
         if found is not None:
             return self.evidence.publish(hung_cause(found[0], records[found[0]], found[1]))
         for r, ratio in progress.stragglers(records):
