@@ -15,11 +15,14 @@ from pretrain_cli.config.arguments import SECTIONS
 from pretrain_cli.errors import UserError
 
 # a value PaddleNLP takes that `choices` refuses here: what it is there and what to do, said after the key
+_TNTIDX_WHAT_TO_DO = ("which is not read here; token files whose .idx starts MMIDIDX are mmap: set data_impl: mmap or "
+                      "leave it out; TNTIDX ones: re-run `pretrain-cli preprocess` on their documents (or "
+                      "create_pretraining_data.py --data_impl mmap)")
 REFUSED_VALUES = {
     ("data_impl", "lazy"): "lazy is PaddleNLP's older token file format (TNTIDX .idx, read item by item through file "
-                           "reads, not memory-mapped), which is not read here; token files whose .idx starts MMIDIDX "
-                           "are mmap: set data_impl: mmap or leave it out; TNTIDX ones: re-run `pretrain-cli "
-                           "preprocess` on their documents (or create_pretraining_data.py --data_impl mmap)",
+                           f"reads, not memory-mapped), {_TNTIDX_WHAT_TO_DO}",
+    ("data_impl", "cached"): "cached is the older reader of lazy's TNTIDX .idx files that holds them in memory, "
+                             f"{_TNTIDX_WHAT_TO_DO}",
 }
 _TRUE = {"true", "t", "yes", "y", "1"}
 _FALSE = {"false", "f", "no", "n", "0"}
