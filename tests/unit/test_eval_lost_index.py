@@ -248,3 +248,21 @@ def test_a_run_directory_stands_for_its_newest_complete_checkpoint(run, tmp_path
     code, out, err = _eval(copy, capsys)
     assert code == 0 and f"; {copy / 'checkpoint-2'}, trained weights;" in out, err
     assert f"using its newest checkpoint, {copy / 'checkpoint-2'}\n" in err, err
+
+
+def test_a_run_directory_read_for_its_weights_does_not_judge_the_loss_scale(run, tmp_path):
+    """The readers of the weights alone never load fp16's loss scale: a newest checkpoint whose `loss_scaler` a
+    resume refuses is still the one `eval` / `generate` / `export` of the run directory read (they passed over it to
+    checkpoint-1, naming the scale)."""
+    from pretrain_cli.orchestration.recorded import trained_model
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / "model.safetensors").unlink()  # (stopped before its final export)
+    state_file = copy / "checkpoint-2" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({**state, "loss_scaler": {"scale": -1.0, "incr_count": 0, "decr_count": 0}}))
+    model, note = trained_model(copy)
+    assert model == copy / "checkpoint-2", note
+    assert note.endswith(f"using its newest checkpoint, {copy / 'checkpoint-2'}"), note  # nothing passed over
+    assert intact.newest_complete(copy)[0] == copy / "checkpoint-1"  # a resume still passes over it

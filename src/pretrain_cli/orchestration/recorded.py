@@ -19,7 +19,8 @@ def record_path(model_dir) -> Path | None:
 
 def trained_model(output_dir) -> tuple[Path | None, str | None]:
     """(model, note) a run's output_dir holds: its final export, else its newest complete checkpoint-N, the one a
-    resume takes (`storage.intact.newest_complete`; none complete: its newest, judged as it is read), with a `note:`
+    resume takes, its fp16 loss scale aside (`storage.intact.newest_complete`; none complete: its newest, judged as
+    it is read), with a `note:`
     saying so and naming the newer one passed over, with the `--model` that reads it where its weights are whole
     without its lost index (`weights_without_index`) (a run stopped before its export still has a model to evaluate
     or sample; the user must know it is not the final one, nor the model the directory held before the run:
@@ -35,20 +36,19 @@ def trained_model(output_dir) -> tuple[Path | None, str | None]:
         return (out, None) if final_step(out)[0] else (None, None)
     from pretrain_cli.storage.intact import newest_complete
 
-    try:  # the one a resume takes; none complete: the newest, judged as it is read
-        complete, skipped = newest_complete(out)
+    try:  # the one a resume takes (its loss scale, which no reader of the weights loads, not judged); none complete:
+        complete, skipped = newest_complete(out, resume=False)  # the newest, judged as it is read
     except UserError:  # (a checkpoint PaddleNLP's Trainer wrote: no resume's, but its weights are read as they are)
         complete, skipped = None, []
     which, passed = "newest checkpoint", ""
     if complete is not None and skipped:
-        from pretrain_cli.storage.checkpoint_index import INDEX
-        from pretrain_cli.storage.intact import weights_without_index
+        from pretrain_cli.storage.intact import LOST_INDEX, weights_without_index
 
         more = f", and {len(skipped) - 1} newer one(s) not complete either" if len(skipped) > 1 else ""
         ckpt, which = complete, "newest complete checkpoint"
         newer, reason = skipped[0]  # its index lost, its weights whole: no resume takes it, but --model reads it
-        whole = (f" (its weights are whole without it: --model {newer} reads them)" if str(reason) ==
-                 f"{newer / INDEX} is missing" and weights_without_index(newer) is not None else "")
+        whole = (f" (its weights are whole without it: --model {newer} reads them)" if reason.kind == LOST_INDEX
+                 and weights_without_index(newer) is not None else "")
         passed = f"; not {newer.name}: {reason}{whole}{more}"
     from pretrain_cli.training.run_lock import whose
 

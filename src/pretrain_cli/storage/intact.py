@@ -37,6 +37,7 @@ from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 from pretrain_cli.storage.shard_files import File, Problem, checksum
 
 CONFIG_FILE = "config.json"
+LOST_INDEX = "lost index"  # a `Problem`'s kind: checkpoint.index.json gone (`weights_without_index` may read it)
 HF_INDEX = "model.safetensors.index.json"  # transformers' shard index (models.model_files.INDEX_FILE)
 
 
@@ -169,7 +170,7 @@ def _unindexed(ckpt: Path) -> Problem | None:
     its files' own record of their pieces (`pretrain_cli.pieces`, which the older files lack) tells it apart:
     without its index it would have no checksum left to check."""
     shards = sorted(ckpt.glob("*-of-*.safetensors"))
-    missing = Problem(f"{ckpt / checkpoint_index.INDEX} is missing", "incomplete")
+    missing = Problem(f"{ckpt / checkpoint_index.INDEX} is missing", "incomplete", LOST_INDEX)
     if not (ckpt / OPTIMIZER_FILE).is_file() or any(p.name.startswith("optimizer") for p in shards):
         return missing
     return _headers(sorted(ckpt.glob("*.safetensors")), indexed_format=missing)
@@ -294,7 +295,8 @@ def paddlenlp_checkpoint(ckpt) -> str | None:
     if not signs:
         return None
     pickled = [p.name for p in sorted(ckpt.glob("*.pdparams")) if p.name.startswith("model_state")]
-    weights = (f"save its weights as safetensors ({pickled[0]} is a pickle, not read here), then "
+    weights = (f"save its weights as safetensors ({pickled[0]} is a pickle, not read here; in PaddleNLP, load the "
+               f"model from it and call model.save_pretrained(\"{ckpt}\", safe_serialization=True)), then "
                if pickled and not any(ckpt.glob("*.safetensors")) else "")
     return (f"{ckpt} is a checkpoint of PaddleNLP's Trainer ({signs[0]}), which pretrain-cli does not resume (its "
             f"optimizer state, schedule and data position are PaddleNLP's); start from its weights instead: "
@@ -324,20 +326,21 @@ def newest(output_dir, checksums: bool = True, before: int | None = None) -> Pat
     return found
 
 
-def newest_complete(output_dir, checksums: bool = False,
-                    before: int | None = None) -> tuple[Path | None, list[tuple[Path, Problem]]]:
+def newest_complete(output_dir, checksums: bool = False, before: int | None = None,
+                    resume: bool = True) -> tuple[Path | None, list[tuple[Path, Problem]]]:
     """(the newest `checkpoint-N` of `output_dir` without a `problem`, or None; the newer ones passed over, newest
     first, each with its problem): the one judge of which checkpoint a run's directory stands for, for a resume
     (`newest`) and for `eval` / `generate` / `export` of a run stopped before its final model
-    (`orchestration.recorded.trained_model`), who each say the skipped ones in their own words. A checkpoint
-    PaddleNLP's Trainer wrote, met newest first, is a UserError at once (`paddlenlp_checkpoint`)."""
+    (`orchestration.recorded.trained_model`, `resume` False: they never load the fp16 loss scale, so it is not
+    judged), who each say the skipped ones in their own words. A checkpoint PaddleNLP's Trainer wrote, met newest
+    first, is a UserError at once (`paddlenlp_checkpoint`)."""
     skipped = []
     for n, path in reversed(list_checkpoints(output_dir)):
         if before is not None and n >= before:
             continue
         if foreign := paddlenlp_checkpoint(path):
             raise UserError(foreign)
-        reason = problem(path, checksums)
+        reason = problem(path, checksums, resume=resume)
         if reason is None:
             return path, skipped
         skipped.append((path, reason))

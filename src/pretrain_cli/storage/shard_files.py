@@ -180,11 +180,12 @@ def advice_for(directory, use: str) -> Advice:
 class Problem(str):
     """Why a file or directory cannot be read (one line naming the file), and what that makes of the directory:
     `state`, "incomplete" (a file missing or cut short: a copy or save that did not finish) or "damaged" (one there
-    whole but altered or unreadable), as `Advice.said` takes it; `storage.intact` returns these."""
+    whole but altered or unreadable), as `Advice.said` takes it; `storage.intact` returns these. `kind`: what a
+    reader decides on besides the state (`storage.intact.LOST_INDEX`), else None: never the line's words."""
 
-    def __new__(cls, text: str, state: str = "damaged"):
+    def __new__(cls, text: str, state: str = "damaged", kind: str | None = None):
         self = super().__new__(cls, text)
-        self.state = state
+        self.state, self.kind = state, kind
         return self
 
 
