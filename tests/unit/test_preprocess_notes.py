@@ -56,7 +56,8 @@ def test_a_txt_file_of_one_document_per_line_is_said_while_it_is_read(tmp_path, 
 
 def test_each_file_is_said_once_and_the_first_three_by_name(tmp_path, tok_dir, capsys):
     """Two long paragraphs in one file: one note, at the first. Three such files: three named, no word of further
-    ones (there are none). Five: the fourth named with that suffix, then a count after the summary."""
+    ones (there are none). Four: the fourth named, saying any further ones are not named (true of none), and no
+    count. Five: the fourth so, then the count after the summary."""
     lines = make_texts(1000, seed=4)
     (tmp_path / "in").mkdir()
     for name in "abcde":
@@ -64,14 +65,16 @@ def test_each_file_is_said_once_and_the_first_three_by_name(tmp_path, tok_dir, c
     named = [_long(f"{tmp_path / 'in' / n}.txt:1") for n in "abc"]
     err = _run(capsys, tok_dir, tmp_path / "three", *[tmp_path / "in" / f"{n}.txt" for n in "abc"])
     assert err == named, err
+    err = _run(capsys, tok_dir, tmp_path / "four", *[tmp_path / "in" / f"{n}.txt" for n in "abcd"])
+    assert err == [*named, _FOURTH.format(tmp_path / "in" / "d.txt")], err  # (no count after: no fifth to count)
     err = _run(capsys, tok_dir, tmp_path / "five", tmp_path / "in")
     assert err == [*named, _FOURTH.format(tmp_path / "in" / "d.txt"), f"preprocess: note: 5 .txt files held a "
                    f"paragraph of 1,000 lines and more (the first 4 named above): {RULE}"], err
     assert open_token_file(tmp_path / "five").num_documents == 6
 
 
-_FOURTH = ("note: {}:1: also a paragraph of 1,000 lines and more with no blank line (further such files are not "
-           "named)")
+_FOURTH = ("note: {}:1: also a paragraph of 1,000 lines and more with no blank line (any further such files are "
+           "not named)")
 
 
 def test_a_resumed_reader_goes_on_counting_long_paragraph_files(tmp_path):

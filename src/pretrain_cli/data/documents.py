@@ -173,7 +173,7 @@ class DocumentReader:
                       f"document: {_TXT_RULE}")
         elif n == _NAMED_LONG_PARAGRAPHS + 1:
             self.note(f"note: {where}: also a paragraph of {LONG_PARAGRAPH_LINES:,} lines and more with no blank line "
-                      f"(further such files are not named)")
+                      f"(any further such files are not named)")
 
     @property
     def on_disk(self) -> int:
