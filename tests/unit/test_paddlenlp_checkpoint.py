@@ -97,7 +97,8 @@ def test_paddlenlp_pickled_checkpoint_says_to_save_its_weights_as_safetensors(tm
         (ckpt / name).write_bytes(b"")
     line = intact.paddlenlp_checkpoint(ckpt)
     assert "(model_state.pdparams)" in line and "save its weights as safetensors (model_state.pdparams is a " \
-                                                  "pickle, not read here), then model_name_or_path: " in line
+        f"pickle, not read here; in PaddleNLP, load the model from it and call model.save_pretrained(\"{ckpt}\", " \
+        "safe_serialization=True)), then model_name_or_path: " in line
 
 
 def test_a_model_directory_or_our_checkpoint_is_not_paddlenlps(tmp_path):
