@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from pretrain_cli.errors import Problems
+from pretrain_cli.config.presets import resolve_model_dir
+from pretrain_cli.errors import Problems, UserError
 from pretrain_cli.run_config import MoeConfig
 
 DEEPSEEK_BIAS_RATE = 0.001  # DeepSeek-V3 paper: γ = 0.001 (then 0 for the last 500B tokens)
@@ -100,7 +101,15 @@ def mtp_weight(args, model_cfg, problems: Problems) -> float:
     if "mtp_loss_weight" in args.explicit or lam is None or not model_cfg.num_nextn_predict_layers:
         return args.model.mtp_loss_weight
     if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam < 0:
-        problems.add(f"config.json: num_nextn_predict_lambda (the multi-token prediction loss's weight) must be a "
-                     f"finite number >= 0, got {lam!r}")
+        problems.add(f"{_config_json(args)}: num_nextn_predict_lambda (the multi-token prediction loss's weight) must "
+                     f"be a finite number >= 0, got {lam!r}; set it so, or set mtp_loss_weight in the arguments")
         return args.model.mtp_loss_weight
     return float(lam)
+
+
+def _config_json(args) -> str:
+    """The model's config.json as `ModelConfig.from_dict` names it (`<model_dir>/config.json`: a preset's too)."""
+    try:
+        return str(resolve_model_dir(args.model.model_name_or_path) / "config.json")
+    except (UserError, TypeError):  # (not reached in a run: its model directory was read before)
+        return "config.json"

@@ -47,16 +47,26 @@ PADDLENLP_ROPE_TYPES = {"linear": "linear"}
 
 
 def paddlenlp_rope(d: dict, source: str = "config.json") -> None:
-    """PaddleNLP's own position keys, which transformers ignores, read as what PaddleNLP builds (in place): its
-    LlamaConfig's `rope_scaling_type` + `rope_scaling_factor` become the HF `rope_scaling` the model honours, so a
-    config.json PaddleNLP trained with linear scaling is not trained here unscaled; its NTK types (no RoPE here
-    computes them) and `alibi: true` (PaddleNLP's ALiBi bias on the attention scores) are refused in one line."""
+    """PaddleNLP's own position keys, which transformers ignores, read as what PaddleNLP builds (in place; its
+    LlamaAttention._init_rope): an HF `rope_scaling` of rope_type llama3 first, whatever `rope_scaling_type` says;
+    else `rope_scaling_type` linear + `rope_scaling_factor` become the HF `rope_scaling` the model honours, so a
+    config.json PaddleNLP trained with linear scaling is not trained here unscaled; dynamic_ntk is plain RoPE up to
+    max_position_embeddings, kept for `paddlenlp_rope_note` to judge at the run's length; ntk (no RoPE here computes
+    its base unasked) and `alibi: true` (PaddleNLP's ALiBi bias on the attention scores) are refused in one line, as
+    is a `rope_scaling` that is not an object (both readers take its keys)."""
     if d.get("alibi"):
         raise UserError(f"{source}: alibi: true (PaddleNLP's ALiBi bias added to the attention scores) is not built "
                         f"here, where positions are rotated by RoPE alone; remove alibi (or set it false) to train "
                         f"without the bias, or use a model that was not trained with it")
+    for key in ("rope_scaling", "rope_parameters"):
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            raise UserError(f"{source}: {key} must be an object such as {{\"rope_type\": \"linear\", \"factor\": "
+                            f"2.0}}, got {json.dumps(d[key])}; write it so, or remove it for plain RoPE")
     kind = d.get("rope_scaling_type")
     if kind in (None, ""):  # (PaddleNLP ignores the factor then, as transformers and this reader do)
+        return
+    hf = d.get("rope_scaling") or {k: v for k, v in (d.get("rope_parameters") or {}).items() if k != "rope_theta"}
+    if hf.get("rope_type") == "llama3":  # PaddleNLP's _init_rope tests it first (`paddlenlp_rope_note` says so)
         return
     factor = d.get("rope_scaling_factor", 1.0)  # PaddleNLP's LlamaConfig default
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
@@ -65,21 +75,46 @@ def paddlenlp_rope(d: dict, source: str = "config.json") -> None:
         dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
         theta = float(d.get("rope_theta") or 10000.0) * factor ** (dim / (dim - 2))  # PaddleNLP's NTK base
         raise UserError(f"{source}: rope_scaling_type ntk is not built here; its rotation is the default RoPE's "
-                        f"with rope_theta {theta:.6g} (rope_theta x rope_scaling_factor^(head_dim/(head_dim-2))): "
+                        f"with rope_theta {theta:.10g} (rope_theta x rope_scaling_factor^(head_dim/(head_dim-2))): "
                         f"set rope_theta to it and remove rope_scaling_type")
-    if kind not in PADDLENLP_ROPE_TYPES:
-        raise UserError(f"{source}: rope_scaling_type {kind!r} is not built here (PaddleNLP's dynamic NTK rescales "
-                        f"with the length, which no RoPE here does); use rope_scaling_type linear or an HF "
-                        f"rope_scaling of type {', '.join(SUPPORTED_ROPE_TYPES[1:])}")
-    mapped = {"rope_type": PADDLENLP_ROPE_TYPES[kind], "factor": float(factor)}
-    hf = d.get("rope_scaling") or {k: v for k, v in (d.get("rope_parameters") or {}).items() if k != "rope_theta"}
-    hf_type = hf.get("rope_type", hf.get("type", "default")) if isinstance(hf, dict) else hf
+    if kind != "dynamic_ntk" and kind not in PADDLENLP_ROPE_TYPES:
+        raise UserError(f"{source}: rope_scaling_type {kind!r} is not one PaddleNLP's LlamaConfig builds (linear, ntk, "
+                        f"dynamic_ntk); use rope_scaling_type linear or an HF rope_scaling of type "
+                        f"{', '.join(SUPPORTED_ROPE_TYPES[1:])}, or remove it for plain RoPE")
+    hf_type = hf.get("rope_type", hf.get("type", "default"))
+    mapped = {"rope_type": PADDLENLP_ROPE_TYPES.get(kind, "default"), "factor": float(factor)}
     if hf_type in (None, "default"):
-        d["rope_scaling"] = mapped
+        if kind in PADDLENLP_ROPE_TYPES:
+            d["rope_scaling"] = mapped
     elif hf_type != mapped["rope_type"] or hf.get("factor") != mapped["factor"]:
         raise UserError(f"{source}: rope_scaling_type {kind} (rope_scaling_factor {factor}) and rope_scaling "
                         f"{json.dumps(hf)} disagree (PaddleNLP rotates by the first, transformers by the second); "
                         f"keep the one the weights were trained with and remove the other")
+
+
+def paddlenlp_rope_note(cfg: "ModelConfig", source: str, length: int, key: str) -> str | None:
+    """What PaddleNLP's `rope_scaling_type` (kept in `cfg.extra` by `paddlenlp_rope`) means at the run's `length`
+    tokens, said: beside an HF llama3 rope_scaling it is ignored, as PaddleNLP's _init_rope ignores it; dynamic_ntk
+    rotates as plain RoPE up to max_position_embeddings (LlamaDynamicNTKScalingRotaryEmbedding rescales only past
+    it; a new model's range is raised to max_seq_length, as PaddleNLP's run_pretrain raises it), and past it is
+    refused, naming `key` (what sets the length)."""
+    kind = cfg.extra.get("rope_scaling_type")
+    if kind in (None, ""):
+        return None
+    said = f"{source}: rope_scaling_type {kind}"
+    if (cfg.rope_scaling or {}).get("rope_type") == "llama3":
+        return (f"{said} is ignored beside rope_scaling of rope_type llama3, as PaddleNLP's LlamaAttention ignores it "
+                f"(its _init_rope takes llama3 first): positions rotate by llama3 scaling, as in transformers")
+    if kind != "dynamic_ntk":
+        return None
+    limit = cfg.max_position_embeddings
+    if length <= limit:
+        return (f"{said}: PaddleNLP's dynamic NTK rotates as plain RoPE at lengths up to max_position_embeddings "
+                f"{limit}, and sequences of {length} tokens stay within it, so plain RoPE, which runs here, is the "
+                f"same model (config.json keeps the key)")
+    raise UserError(f"{said}: sequences of {length} tokens reach past max_position_embeddings {limit}, where "
+                    f"PaddleNLP's dynamic NTK grows the rotation's base with the length, which no RoPE here does; "
+                    f"lower {key} to at most {limit}, or remove rope_scaling_type to train plain RoPE at every length")
 
 
 def misspelt_key(d: dict, model_type: str, read: frozenset, source: str = "config.json") -> None:

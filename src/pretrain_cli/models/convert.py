@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -266,6 +266,17 @@ def write_hf_dir(entries, cfg: ModelConfig, out_dir: str, dtype: str = "float32"
                                                               "weight_map": weight_map})
     write_model_config(cfg, out_dir, dtype)
     return files
+
+
+def as_trained(cfg: ModelConfig, mtp_loss_weight: float) -> ModelConfig:
+    """The model config a run writes (each checkpoint's config.json, the final model's): where it carries PaddleNLP's
+    `num_nextn_predict_lambda`, the MTP loss weight the run trained with. PaddleNLP's DeepSeek-V3 and a
+    continue_training here (`config.moe.mtp_weight`) read the weight there, so the model directory's own (1.0 by
+    PaddleNLP's default) had them go on at another weight than the run's (0.3 set as mtp_loss_weight)."""
+    lam = cfg.extra.get("num_nextn_predict_lambda")
+    if lam is None or lam == mtp_loss_weight:
+        return cfg
+    return replace(cfg, extra={**cfg.extra, "num_nextn_predict_lambda": mtp_loss_weight})
 
 
 def write_model_config(cfg: ModelConfig, out_dir: str, dtype: str) -> None:

@@ -1,8 +1,8 @@
 """Which checkpoint a run resumes (`find_resume`) and what it keeps from it: the schedule (`resume_schedule`), the
 global batch (and the eval windows) when the number of processes changed, which decide what a step means and what
-an eval loss averages; a MoE router's bias at rate 0; and the refusal of an older checkpoint beside another
-branch's later ones. `apply_resume` applies them to a prepared run, with the notes on evaluation windows that repeat
-samples (`eval_repeats`), which those decisions can change."""
+an eval loss averages; the loss weights the user does not set (`loss_weights`); a MoE router's bias at rate 0; and
+the refusal of an older checkpoint beside another branch's later ones. `apply_resume` applies them to a prepared
+run, with the notes on evaluation windows that repeat samples (`eval_repeats`), which those decisions can change."""
 from __future__ import annotations
 
 import copy
@@ -276,6 +276,39 @@ def optimizer_changes(run: RunConfig, resume) -> RunConfig:
                                            f"the first step resumed"))
 
 
+# the loss weights a resume keeps from its checkpoint's run unless the user sets them, as the run resolves them and as
+# the user names them: each can come from the model's config.json (num_nextn_predict_lambda, router_aux_loss_coef,
+# aux_loss_alpha) or our default, which an edited file or a newer version reads otherwise than the checkpoint's run did
+_LOSS_WEIGHTS = (("mtp_loss_weight", "mtp_loss_weight"), ("aux_loss_coef", "router_aux_loss_coef"),
+                 ("z_loss_coef", "router_z_loss_coef"))
+
+
+def loss_weights(args: Arguments, run: RunConfig, model_cfg, resume) -> RunConfig:
+    """A resume keeps the loss weights its checkpoint's run trained with (its args.json's `run.moe`) unless the
+    user's file or command line sets them: a run resumed after config.json's `num_nextn_predict_lambda` came to be
+    read (1.0) had trained at 0.3, and its loss jumped unsaid. One note names what was kept, and what the user's
+    setting changed (in effect from the first step resumed, as `optimizer_changes` says its own)."""
+    resume = CheckpointDir.of(resume)
+    moe_model = bool(model_cfg is not None and model_cfg.expert_layers)
+    mtp = bool(model_cfg is not None and model_cfg.num_nextn_predict_layers)
+    kept, changed, moe = [], [], {}
+    for field, key in _LOSS_WEIGHTS:
+        if not (mtp if field == "mtp_loss_weight" else moe_model):  # (a weight of no loss this model has)
+            continue
+        was, now = resume.run("moe", field), getattr(run.moe, field)
+        if isinstance(was, bool) or not isinstance(was, (int, float)) or now is None or float(was) == float(now):
+            continue
+        if key in args.explicit:
+            changed.append(f"{key} {was:g} -> {now:g} as set, in effect from the first step resumed")
+        else:
+            moe[field] = float(was)
+            kept.append(f"{key} {was:g} kept (this run would take {now:g}; set {key} to change it)")
+    if not kept and not changed:
+        return run
+    return replace(run, moe=replace(run.moe, **moe), notes=(
+        *run.notes, f"loss weights: {resume.name}'s run trained with other ones: {'; '.join(kept + changed)}"))
+
+
 def resume_progress(saved: CheckpointDir | None) -> tuple | None:
     """(global_step, consumed_samples) of the checkpoint a run resumes, None for a run that starts afresh."""
     return None if saved is None else (int(saved.state["global_step"]), int(saved.state.get("consumed_samples", 0)))
@@ -292,6 +325,7 @@ def apply_resume(spec, saved: CheckpointDir | None) -> tuple[Arguments, RunConfi
         run = keep_global_batch(args, run, spec.model_cfg, target, saved, spec.splits)
         run = resume_schedule(run, saved, args.training.lr_schedule_on_resume)
         run = optimizer_changes(run, saved)
+        run = loss_weights(args, run, spec.model_cfg, saved)
         run = keep_router_bias(run, spec.model_cfg, saved)
     if spec.splits is not None:
         run = replace(run, notes=(*run.notes, *eval_repeats(run, spec.splits)))

@@ -142,6 +142,9 @@ class RunSpec:
         defaults to 1.0 there, is never trained at our 0.3 unsaid."""
         if "mtp_loss_weight" in self.args.explicit:
             return ""
+        if self.unresumed is not None and self.resume is not None and \
+                self.unresumed[1].moe.mtp_loss_weight != self.run.moe.mtp_loss_weight:  # (`resumed.loss_weights`)
+            return f" (kept from {Path(self.resume).name}'s run)"
         if "num_nextn_predict_lambda" in self.model_cfg.extra:
             return " (config.json's num_nextn_predict_lambda)"
         return (" (mtp_loss_weight's default, DeepSeek-V3's first λ; PaddleNLP's num_nextn_predict_lambda defaults to "

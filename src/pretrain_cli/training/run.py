@@ -15,6 +15,7 @@ from pretrain_cli.distributed.launcher import watchdog
 from pretrain_cli.distributed.comms.comm import build_comm, rank0_round
 from pretrain_cli.distributed.setup import build_strategy, follow_micro_batching, init_process_group
 from pretrain_cli.errors import UserError, is_out_of_memory
+from pretrain_cli.models.convert import as_trained
 from pretrain_cli.training import checkpoint, closing, metrics, rank_exit, resume_checks, run_lock, same_run, startup
 from pretrain_cli.training.run_end import FINAL_KINDS, exported, finish, nothing_to_train
 from pretrain_cli.training.metrics import log
@@ -132,6 +133,7 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
         # its evaluations at the last step are recomputed below: not recorded a second time
         state["log_history"] = [e for e in state.get("log_history", [])
                                 if not (e.get("kind") in FINAL_KINDS and e.get("step") == state["global_step"])]
+    written = as_trained(model_cfg, r.moe.mtp_loss_weight)  # the config.json its checkpoints and model carry
     writer = open_output_dir(r, record, state, comm, FINAL_KINDS if finishing else (),
                              (spec.model_dir, spec.tokenizer_dir))
     _log_told(told)  # past every check (the checkpoint read, the layout in place, output_dir open)
@@ -139,7 +141,7 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
         startup.report(comm, writer, started, state["global_step"] if state is not None else 0)
     collaborators = Collaborators(
         writer=writer, throughput=build_throughput(r, model_cfg),
-        saver=checkpoint.Saver(r.output.output_dir, model_cfg, comm, record, spec.tokenizer_dir,
+        saver=checkpoint.Saver(r.output.output_dir, written, comm, record, spec.tokenizer_dir,
                                r.precision.param_dtype, r.loop.save_total_limit, r.loop.async_save,
                                r.parallel.rank, r.parallel.world_size, layout.strategy.name),
         rebuild=(lambda path: rebuild(r, model_cfg, comm, path)) if r.spike.rollback_rebuilds else None)
@@ -157,7 +159,7 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
     from pretrain_cli.training import export
 
     with rank0_round(comm):
-        export.write_final(r, model_cfg, trainer.raw_model, spec.tokenizer_dir, record, trainer.state_dict(),
+        export.write_final(r, written, trainer.raw_model, spec.tokenizer_dir, record, trainer.state_dict(),
                            results)
     # the log's last lines (rank 0's: others returned above), the model on disk
     closing.log_blocks(results, r.tokens_per_step * r.loop.max_steps)
