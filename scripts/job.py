@@ -13,7 +13,8 @@ prints each checkpoint-N output_dir holds, as name:inode:ctime (`rerun.identity`
 attempt, under MAX_RESTART; an overwrite's own checkpoint-8 is not the one of that name it removed); `job.py
 restart OUTPUT_DIR BEFORE [FILE ARGS...]` prints the checkpoint a MAX_RESTART restart passes as resume_from_checkpoint
 (an empty line: none), then what it starts from (`distributed/launcher/rerun.py`: it said "resuming from the newest
-checkpoint" when output_dir held none). Both read the user's arguments as the run does (`config/parser.parse_config`:
+checkpoint" when output_dir held none), then the user's own output settings, which the restart's ranks name in their
+re-run advice (`rerun.as_set`). Both read the user's arguments as the run does (`config/parser.parse_config`:
 `--resume_from_checkpoint null`, `--resume-from-checkpoint`), output_dir from them over OUTPUT_DIR."""
 import os
 import sys
@@ -46,9 +47,10 @@ def main(argv: list[str]) -> int:
             pass
         return 0
     if len(argv) >= 3 and argv[0] == "restart":
-        resume, then = _restart(argv[1], set(argv[2].split()), argv[3:])
+        resume, then, own = _restart(argv[1], set(argv[2].split()), argv[3:])
         print(resume or "")
         print(then)
+        print(own)
         return 0
     if len(argv) >= 2 and argv[0] == "checkpoints":
         from pretrain_cli.distributed.launcher.rerun import identities
@@ -107,17 +109,23 @@ def _output_dir(given: str, arguments) -> str | None:
             given or None)
 
 
-def _restart(output_dir: str, before: set, args: list[str]) -> tuple[str | None, str]:
-    """(what a MAX_RESTART restart passes as resume_from_checkpoint, or None; what follows "restart k of N, to"): it
+def _restart(output_dir: str, before: set, args: list[str]) -> tuple[str | None, str, str]:
+    """(what a MAX_RESTART restart passes as resume_from_checkpoint, or None; what follows "restart k of N, to"; the
+    user's own overwrite_output_dir and resume_from_checkpoint as JSON, for the ranks' re-run advice: `rerun.as_set`,
+    empty where the arguments do not parse): it
     runs with `--overwrite_output_dir false`, so it resumes from the checkpoint resume_from_checkpoint names, or from
     the newest of output_dir this job wrote past it (none of `before`, the checkpoint directories output_dir held
     when launch.sh began, by `rerun.identity`), else from output_dir's newest complete one, else starts from step 0
     (`rerun.restart`)."""
     from pretrain_cli.distributed.launcher import rerun
 
+    import json
+
     arguments = _arguments(args)
     named = arguments.get("resume_from_checkpoint") if arguments is not None else None
-    return rerun.restart(_output_dir(output_dir, arguments), named or None, before)
+    own = "" if arguments is None else json.dumps({"overwrite": arguments.get("overwrite_output_dir") is True,
+                                                   "resume_from": str(named) if named else None})
+    return (*rerun.restart(_output_dir(output_dir, arguments), named or None, before), own)
 
 
 if __name__ == "__main__":

@@ -201,9 +201,12 @@ while true; do
   extra=(--overwrite_output_dir false)
   # what it starts from: output_dir's newest complete checkpoint, or step 0 when it holds none; with
   # resume_from_checkpoint set, that one, or the newest this job wrote past it (passed as resume_from_checkpoint:
-  # as named, it is refused beside them)
-  resume=""; from=""
-  { read -r resume; read -r from; } < <("$PY" "$HERE/job.py" restart "$out" "$before" "$@" 2>/dev/null) || true
+  # as named, it is refused beside them); and the user's own overwrite_output_dir and resume_from_checkpoint, which the
+  # ranks' advice to re-run the same command names, not the restart's (rerun.as_set)
+  resume=""; from=""; own=""
+  { read -r resume; read -r from; read -r own; } < <("$PY" "$HERE/job.py" restart "$out" "$before" "$@" 2>/dev/null) \
+    || true
+  export PRETRAIN_CLI_AS_SET=$own
   if [ -n "$resume" ]; then extra+=(--resume_from_checkpoint "$resume"); fi
   echo "launch.sh: the job failed (exit $code); restart $attempt of $max_restart, to ${from:-resume from the newest" \
        "complete checkpoint of output_dir, if any}" >&2

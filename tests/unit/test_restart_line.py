@@ -18,6 +18,7 @@ FAKE = """#!/usr/bin/env bash
 if [ "$1" = "-c" ]; then exit 1; fi
 case "$1" in *job.py) if [ "$2" = "ports" ]; then shift 4; else exec python3 "$@"; fi;; esac
 echo "$@" >> "$RECORD"
+echo "${PRETRAIN_CLI_RESTART:-}|${PRETRAIN_CLI_AS_SET:-}" >> "$RECORD.env"  # what the ranks' watchers are told
 n=$(wc -l < "$RECORD")
 make=$(printenv "MAKE_$n" || true)
 if [ -n "$make" ]; then mkdir -p "$make"; fi
@@ -34,6 +35,7 @@ def _launch(tmp_path, *args, codes="1,0", **env):
     fake.chmod(0o755)
     record = tmp_path / "calls.txt"
     record.unlink(missing_ok=True)
+    (tmp_path / "calls.txt.env").unlink(missing_ok=True)
     e = {k: v for k, v in os.environ.items() if k not in ("NPROC", "MASTER", "LOG_DIR", "MAX_RESTART")}
     e.update(PYTHON=str(fake), RECORD=str(record), CODES=codes, MAX_RESTART="1", **env)
     out = subprocess.run(["bash", str(SCRIPT), "cfg.json", *args], env=e, capture_output=True, text=True, timeout=60,
@@ -114,6 +116,36 @@ def test_the_users_arguments_are_read_as_the_run_reads_them(tmp_path):
     out, calls = _launch(tmp_path, "--resume-from-checkpoint", named, MAKE_1=str(tmp_path / "out" / "checkpoint-8"))
     assert calls[1].endswith("--overwrite_output_dir false --resume_from_checkpoint out/checkpoint-8"), calls
     assert "to resume from out/checkpoint-8, the newest complete checkpoint (this job's own" in out.stderr, out.stderr
+
+
+def test_a_restarts_watchers_advise_re_running_the_users_own_command_not_launch_shs(tmp_path, monkeypatch):
+    """A restart runs with launch.sh's `--overwrite_output_dir false --resume_from_checkpoint out/checkpoint-8`; its
+    watchers' advice to re-run the same command said "as set, out/checkpoint-8 is refused", a value the user never
+    set: launch.sh hands the restart the user's own settings (`rerun.as_set`), which the advice names."""
+    import signal
+
+    from pretrain_cli.distributed.launcher import watcher
+
+    named = _source(tmp_path)
+    (tmp_path / "cfg.json").write_text(json.dumps({"output_dir": "out", "resume_from_checkpoint": named}))
+    out, calls = _launch(tmp_path, MAKE_1=str(tmp_path / "out" / "checkpoint-8"))
+    own = json.dumps({"overwrite": False, "resume_from": named})
+    assert (tmp_path / "calls.txt.env").read_text().splitlines() == ["0|", f"1|{own}"], out.stderr
+    (tmp_path / "out" / "checkpoint-12").mkdir()  # the restart's own, then it died too
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PRETRAIN_CLI_RESTART", "1")
+    monkeypatch.setenv(rerun.AS_SET, own)
+    (tmp_path / "shared").mkdir()
+    w = watcher.Watcher(1, {0: 10, 1: 11}, "h", tmp_path / "shared", None, grace=1.0, output_dir="out",
+                        resume_from="out/checkpoint-8")
+    line = w._line({"kind": "died", "ranks": [1], "statuses": [signal.SIGKILL]})
+    assert ("Re-run the same command (or launch with MAX_RESTART) to resume from out/checkpoint-12, the newest "
+            "complete checkpoint, with resume_from_checkpoint set to it (as set, src/checkpoint-4 is refused: out holds "
+            "checkpoint-8, checkpoint-12 past its step).") in line, line
+    monkeypatch.setenv(rerun.AS_SET, json.dumps({"overwrite": True, "resume_from": None}))  # the user's overwrite
+    assert rerun.as_set("out", False, None) == ("out", True, None)
+    monkeypatch.setenv("PRETRAIN_CLI_RESTART", "0")  # the first attempt: its own settings are the user's
+    assert rerun.as_set("out", False, "x") == ("out", False, "x")
 
 
 def test_the_watchers_advice_predicts_the_refusal_of_a_named_checkpoint_beside_later_ones(tmp_path):

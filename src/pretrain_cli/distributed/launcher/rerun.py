@@ -14,11 +14,29 @@ exit 2, its own checkpoint-8 called another run's."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from pretrain_cli import run_dir
 
 NAMED, OVER, NEWEST = "named", "over", "newest"  # resume_from_checkpoint; overwrite_output_dir: step 0; the newest
+AS_SET = "PRETRAIN_CLI_AS_SET"  # under launch.sh's restarts: the user's own output settings (`as_set`)
+
+
+def as_set(output_dir, overwrite: bool, resume_from) -> tuple:
+    """(output_dir, overwrite, resume_from) the user's own command runs with: the run's, except in a launch.sh
+    MAX_RESTART restart (`PRETRAIN_CLI_RESTART` > 0), which runs with `--overwrite_output_dir false` and perhaps a
+    `--resume_from_checkpoint` of its own: then the user's, as `job.py restart` read them (`AS_SET`, JSON). The
+    watchers' advice to re-run the same command named launch.sh's values ("as set, out/checkpoint-8 is refused"),
+    which the user never set and the same command does not pass."""
+    try:
+        restarted = int(os.environ.get("PRETRAIN_CLI_RESTART") or 0) > 0
+        own = json.loads(os.environ.get(AS_SET) or "null") if restarted else None
+    except ValueError:
+        own = None
+    if not isinstance(own, dict):
+        return output_dir, overwrite, resume_from
+    return output_dir, own.get("overwrite") is True, own.get("resume_from") or None
 
 
 def judge(overwrite: bool, resume_from) -> str:

@@ -90,7 +90,8 @@ class Watcher:
                  hang_timeout: float | None = None, remote: dict | None = None, output_dir: str | None = None,
                  overwrite: bool = False, resume_from: str | None = None):
         self.me, self.ranks, self.host, self.shared, self.verdicts = me, ranks, host, shared, verdicts
-        self.output = (output_dir, overwrite, resume_from)  # the run's: a re-run's starting point (`rerun`)
+        # the user's own (a MAX_RESTART restart's are launch.sh's): where a re-run of their command starts (`rerun`)
+        self.output = rerun.as_set(output_dir, overwrite, resume_from)
         self.grace, self.parent, self.hang_timeout = grace, ranks[me], hang_timeout
         self.remote = dict(remote or {})  # the job's ranks on other hosts -> their host (not watched from here)
         self.evidence = Evidence(me, ranks, shared)
