@@ -4,6 +4,7 @@ a run writes), the token files and their splits, and the output directory `train
 when each runs and collects what they report; `plan` builds the model config the same way (`planned`)."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -257,14 +258,47 @@ def _named(names: list[str], most: int = 4) -> str:
     return ", ".join(names) if len(names) <= most else f"{', '.join(names[:most])}, ... {names[-1]}"
 
 
+def _earlier_records(run, out: Path, start: int) -> list[str]:
+    """What opening the run's records does to an earlier run's (`training.metrics.MetricsWriter`): metrics.jsonl is
+    written anew at step 0 (cut to `start` on a resume), and report_to's VisualDL/TensorBoard files under logging_dir
+    are replaced by the new run's at step 0 (`trackers._Records._rebuild`; cut to `start` on a resume)."""
+    from pretrain_cli.counts import count
+    from pretrain_cli.run_dir import METRICS_FILE
+    from pretrain_cli.training.trackers import TensorBoard, VisualDL
+
+    said, steps = [], []
+    if (out / METRICS_FILE).is_file():
+        with open(out / METRICS_FILE, "rb") as f:
+            for line in f:
+                try:
+                    step = json.loads(line).get("step")
+                except (ValueError, AttributeError, RecursionError):  # (a torn last line: dropped all the same)
+                    step = None
+                steps.append(step if isinstance(step, (int, float)) else 0)
+    gone = [step for step in steps if start == 0 or step > start]
+    if gone:
+        upto = f"to step {max(gone):g}" if start == 0 else f"past step {start}"
+        said.append(f"{count(len(gone), 'record')} of {METRICS_FILE} ({upto})")
+    root = Path(run.output.logging_dir or out / "runs")
+    for tracker in (VisualDL, TensorBoard):
+        files = sorted(p.name for p in root.glob("*") if tracker.pattern.match(p.name)) \
+            if tracker.name in run.output.report_to and root.is_dir() else []
+        if files:
+            said.append(f"{tracker.name}'s {count(len(files), 'file')} in {root} ({_named(files)})" if start == 0
+                        else f"{tracker.name}'s records past step {start} in {root}")
+    return said
+
+
 def overwritten(run, start: int, reads=()) -> str | None:
     """What a training run under `overwrite_output_dir` removes from output_dir as it opens it
     (`training.run.open_output_dir`), named with their count before it does (`check`), or None: the checkpoints past
-    `start` (0, or resume_from_checkpoint's step), and an earlier run's final model unless the run reads its model or
-    tokenizer there (`reads`). PaddleNLP's overwrite_output_dir removes nothing (it only skips the resume), so a
-    PaddleNLP user's flag would otherwise lose them unannounced. They go at the start, not at this run's first save:
-    its args.json and metrics.jsonl are rewritten then, and a re-run or a launcher restart (without the flag) would
-    resume the earlier run's checkpoints into this run's records."""
+    `start` (0, or resume_from_checkpoint's step), an earlier run's final model unless the run reads its model or
+    tokenizer there (`reads`), and the earlier run's records past `start` (`_earlier_records`: metrics.jsonl and the
+    VisualDL/TensorBoard files; args.json, rewritten by every run, is named beside them). PaddleNLP's
+    overwrite_output_dir removes nothing (it only skips the resume), so a PaddleNLP user's flag would otherwise lose
+    them unannounced. They go at the start, not at this run's first save: its args.json and metrics.jsonl are
+    rewritten then, and a re-run or a launcher restart (without the flag) would resume the earlier run's checkpoints
+    into this run's records."""
     from pretrain_cli.counts import count
     from pretrain_cli.run_dir import ARGS_FILE, list_checkpoints
     from pretrain_cli.training.export import earlier_final
@@ -279,8 +313,11 @@ def overwritten(run, start: int, reads=()) -> str | None:
         if files:
             what.append(f"the final model{'' if step is None else f' of step {step}'} an earlier run exported "
                         f"({count(len(files), 'file')}: {_named([f.name for f in files])})")
+    what += _earlier_records(run, out, start)
     if not what:
         return None
-    return (f"overwrite_output_dir: train starts at step {start} and first removes from {out} {' and '.join(what)}; "
+    listed = ", ".join(what[:-1]) + " and " + what[-1] if len(what) > 1 else what[0]
+    args = f", and rewrites its {ARGS_FILE}" if (out / ARGS_FILE).is_file() else ""
+    return (f"overwrite_output_dir: train starts at step {start} and first removes from {out} {listed}{args}; "
             f"PaddleNLP's overwrite_output_dir removes nothing (it only skips the resume): to keep them, choose "
             f"another output_dir")
