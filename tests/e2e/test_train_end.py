@@ -41,11 +41,13 @@ def _block(lines, results=None):
     return shown
 
 
-def _ips(said, results, steps, tokens_a_step=4 * 32):
-    """PaddleNLP's last two lines just before the line saying where the model is: its `total_effective_tokens`,
-    `steps` (max_steps) x the tokens a step, every one of them whether this launch trained it or not, over the
-    block's `train_runtime` (every launch's). Returns `said` without them."""
-    rate = steps * tokens_a_step / results["train_runtime"]
+def _ips(said, results, tokens):
+    """PaddleNLP's last two lines just before the line saying where the model is, with our figure: every launch's
+    `tokens` (`tokens_seen`, which the test knows) over every launch's `train_runtime`, train_results.json's
+    `train_tokens_per_second`. Returns `said` without them."""
+    assert results["tokens_seen"] == tokens
+    rate = results["train_tokens_per_second"]
+    assert rate == pytest.approx(tokens / results["train_runtime"], rel=1e-3)
     assert said[-3] == f"Effective Tokens per second: {rate:.2f}" and said[-2] == f"ips: {rate:.2f} tokens/s", \
         said[-4:]
     return said[:-3] + said[-1:]
@@ -79,7 +81,7 @@ def test_a_finished_run_ends_with_its_metrics_then_where_its_model_is(corpus, tm
     said = _said(captured.out)
     results = json.loads((out / "train_results.json").read_text())
     assert results["progress_or_epoch"] == 1.0 and results["train_steps_per_second"] > 0
-    said = _ips(said, results, 3)
+    said = _ips(said, results, 3 * 4 * 32)
     assert said[-9].startswith("final export: writing float32 weights (export_dtype;") and said[-9].endswith(str(out))
     assert re.fullmatch(rf"final export: written to {re.escape(str(out))} in \d+\.\d s \(model\.safetensors, "
                         r"\d+\.\d MiB\)", said[-8]), said[-8]
@@ -98,7 +100,7 @@ def test_a_finished_run_ends_with_its_metrics_then_where_its_model_is(corpus, tm
     # the same command again: nothing trained; the run's metrics as recorded, where its model is; recorded no more
     before = (out / "metrics.jsonl").read_text()
     assert cli_main(["train", cfg]) == 0
-    said = _ips(_said(capsys.readouterr().out), results, 3)
+    said = _ips(_said(capsys.readouterr().out), results, 3 * 4 * 32)
     assert said[-8] == "already at max_steps=3: nothing to train; raise max_steps to continue"
     _block(said[-7:-1], results)
     assert said[-1].startswith(f"train: nothing trained now; the final model of step 3 (Hugging Face format, written "
@@ -134,12 +136,18 @@ def test_a_stopped_run_ends_with_its_metrics_so_far_and_how_to_go_on(corpus, tmp
                         f"checkpoint-2 meanwhile")
     assert not _records(out, "train_metrics") and not (out / "train_results.json").exists()
     monkeypatch.undo()
-    assert cli_main(["train", cfg]) == 0
+    # resumed at another batch (2 sequences a step): the figure counts the tokens trained, 2 steps of 4 x 32 and 2 of
+    # 2 x 32, not max_steps x this launch's 2 x 32 (which train_tokens_per_second contradicted), and a re-run of the
+    # complete run gives it again
+    assert cli_main(["train", cfg, "--per_device_train_batch_size", "2"]) == 0
     results = json.loads((out / "train_results.json").read_text())
-    said = _ips(_said(capsys.readouterr().out), results, 4)  # 4 steps (2 trained before the stop), all launches' time
+    said = _ips(_said(capsys.readouterr().out), results, 2 * 4 * 32 + 2 * 2 * 32)  # all launches' tokens and time
     _block(said[-7:-1], results)
     assert said[-1].startswith("train: done at step 4; ")
     assert [r["step"] for r in _records(out, "train_metrics")] == [4]
+    assert cli_main(["train", cfg, "--per_device_train_batch_size", "2"]) == 0
+    said = _ips(_said(capsys.readouterr().out), results, 2 * 4 * 32 + 2 * 2 * 32)
+    assert said[-1].startswith("train: nothing trained now; the final model of step 4 ")
 
 
 def test_a_run_continued_past_its_end_and_stopped_names_its_checkpoint(corpus, tmp_path, monkeypatch, capsys):
@@ -180,7 +188,7 @@ def test_do_predict_ends_with_the_test_block_and_an_eval_only_run_with_its_eval_
                        eval_iters=1)
     assert cli_main(["train", cfg]) == 0
     results = json.loads((out / "all_results.json").read_text())
-    said = _ips(_said(capsys.readouterr().out), results, 2)
+    said = _ips(_said(capsys.readouterr().out), results, 2 * 4 * 32)
     test_keys = sorted(k for k in results if k.startswith("test_"))
     # PaddleNLP's predict block: test_loss, test_runtime, test_samples_per_second, test_steps_per_second; ours adds
     # perplexity and the tokens scored (docs/TRAINING.md, "How `train` ends")
@@ -199,7 +207,7 @@ def test_do_predict_ends_with_the_test_block_and_an_eval_only_run_with_its_eval_
 
     # the same command again: the blocks it printed, read back from all_results.json, then where its model is
     assert cli_main(["train", cfg]) == 0
-    said = _ips(_said(capsys.readouterr().out), results, 2)
+    said = _ips(_said(capsys.readouterr().out), results, 2 * 4 * 32)
     _test_block(said, results)
     _block(said[-len(test_keys) - 8:-len(test_keys) - 2], results)
     assert said[-1].startswith("train: nothing trained now; the final model of step 2 ")

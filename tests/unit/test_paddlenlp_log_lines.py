@@ -71,15 +71,21 @@ def test_the_eval_line_has_paddlenlps_keys_in_its_order_and_the_test_line_its_pr
 
 
 def test_the_run_ends_with_the_blocks_then_effective_tokens_per_second_and_ips():
-    """PaddleNLP's run_pretrain prints after its blocks `total_effective_tokens` (max_steps x the global batch x
-    max_seq_length) / train_runtime twice: 6 steps of 4 x 32 tokens over 2 s are 384 tokens/s."""
-    results = {"train_runtime": 2.0, "train_loss": 6.5, "progress_or_epoch": 1.0, "train_samples_per_second": 12.0,
-               "train_steps_per_second": 3.0, "global_step": 6, "eval_loss": 6.7, "test_loss": 6.6}
+    """After its blocks PaddleNLP's run_pretrain prints tokens per second twice; ours is every launch's tokens over
+    every launch's time, train_results.json's train_tokens_per_second: 4 steps, 2 at 4 x 32 tokens then (resumed with
+    another batch) 2 at 8 x 32, over 2 s are 768 tokens / 2 s = 384 tokens/s (max_steps x this launch's tokens a step
+    gave 4 x 256 / 2 = 512, which train_results.json's figure contradicted)."""
+    results = {"train_runtime": 2.0, "train_loss": 6.5, "progress_or_epoch": 1.0, "train_samples_per_second": 8.0,
+               "train_steps_per_second": 2.0, "global_step": 4, "tokens_seen": 768, "train_tokens_per_second": 384.0,
+               "eval_loss": 6.7, "test_loss": 6.6}
     with product_log_lines() as lines:
-        closing.log_blocks(results, 6 * 4 * 32)
+        closing.log_blocks(results)
     assert lines[0] == "***** train metrics *****" and lines.index("***** test metrics *****") == 6
     assert lines[-2:] == ["Effective Tokens per second: 384.00", "ips: 384.00 tokens/s"]
+    # results without train_tokens_per_second: tokens_seen over train_runtime, the same figure
+    assert closing.effective_tokens_lines({k: v for k, v in results.items() if k != "train_tokens_per_second"}) == \
+        ["Effective Tokens per second: 384.00", "ips: 384.00 tokens/s"]
     # an evaluation-only run (its eval keys hold a progress_or_epoch): no train block, no throughput lines
     with product_log_lines() as lines:
-        closing.log_blocks({"eval_loss": 6.7, "progress_or_epoch": 0.75, "global_step": 30}, 6 * 4 * 32)
+        closing.log_blocks({"eval_loss": 6.7, "progress_or_epoch": 0.75, "global_step": 30})
     assert lines == []

@@ -39,15 +39,19 @@ def closing_metrics(results: dict) -> dict:
     return {k: results[k] for k in CLOSING_KEYS if k in results} if "train_runtime" in results else {}
 
 
-def effective_tokens_lines(results: dict, tokens: int) -> list[str]:
-    """PaddleNLP run_pretrain's last two lines, in its words: its `total_effective_tokens` (`tokens`: per-device
-    batch x dataset world size x max_steps x accumulation x max_seq_length, every step to max_steps whether this
-    launch trained it or not) over `train_runtime`. Ours is the one the train block shows, every launch's time, so
-    after a resume the figure is the whole run's rate where PaddleNLP's (over its launch's time) counts steps it did
-    not train (docs/TRAINING.md, "How `train` ends"); none where nothing was trained."""
+def effective_tokens_lines(results: dict) -> list[str]:
+    """PaddleNLP run_pretrain's last two lines, in its words, with our figure: the tokens every launch trained over
+    every launch's time (`tokens_seen` / `train_runtime`: train_results.json's `train_tokens_per_second`), the same
+    whether the run finishes now or was found complete. PaddleNLP's (`total_effective_tokens`: max_steps x this
+    launch's global batch x max_seq_length, over its launch's time) counts steps it did not train after a resume, and
+    at another batch than they had (docs/TRAINING.md, "How `train` ends"); none where nothing was trained."""
     if "train_runtime" not in results:
         return []
-    rate = tokens / max(results["train_runtime"], 1e-9)
+    rate = results.get("train_tokens_per_second")  # (unrounded runtime: the figure train_results.json holds)
+    if rate is None and "tokens_seen" in results:
+        rate = results["tokens_seen"] / max(results["train_runtime"], 1e-9)
+    if rate is None:  # (results recorded before tokens_seen: no figure of ours to give)
+        return []
     return [f"Effective Tokens per second: {rate:.2f}", f"ips: {rate:.2f} tokens/s"]
 
 
@@ -71,15 +75,14 @@ def log_block(metrics: dict, split: str = "train") -> None:
         log.info(line)
 
 
-def log_blocks(results: dict, tokens: int) -> None:
+def log_blocks(results: dict) -> None:
     """The blocks PaddleNLP's run_pretrain ends with, of the final `results` (`run_end.finish`'s): the train block
     (`closing_metrics`; none in a run that does not train), then do_predict's `log_metrics("test", ...)` (its
-    `test_*` keys), then its effective tokens per second and `ips` (`effective_tokens_lines`; `tokens`: the run's
-    max_steps x tokens a step). It prints no eval block: it evaluates only inside training, where each eval line
-    says it."""
+    `test_*` keys), then its effective tokens per second and `ips` (`effective_tokens_lines`). It prints no eval
+    block: it evaluates only inside training, where each eval line says it."""
     log_block(closing_metrics(results))
     log_block({k: v for k, v in results.items() if k.startswith("test_")}, "test")
-    for line in effective_tokens_lines(results, tokens):
+    for line in effective_tokens_lines(results):
         log.info(line)
 
 

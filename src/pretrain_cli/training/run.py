@@ -108,7 +108,7 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
         _log_told(told)
         log.info(nothing_to_train(done, r.loop.max_steps))
         if r.parallel.is_rank0:  # the run's closing blocks as its export recorded them, and where its model is
-            closing.log_blocks(closing.recorded(r.output.output_dir), r.tokens_per_step * done)
+            closing.log_blocks(closing.recorded(r.output.output_dir))
             log.info(closing.already_complete(r.output.output_dir, done))
         rank_exit.leave(comm, rank_exit.End.AGREED)  # (`comm.any`: every rank is here)
         return 0
@@ -162,7 +162,7 @@ def _run(spec, signals: StopSignals, told: list[str]) -> int:
         export.write_final(r, written, trainer.raw_model, spec.tokenizer_dir, record, trainer.state_dict(),
                            results)
     # the log's last lines (rank 0's: others returned above), the model on disk
-    closing.log_blocks(results, r.tokens_per_step * r.loop.max_steps)
+    closing.log_blocks(results)
     if r.loop.do_train:
         log.info(closing.finished(r.output.output_dir, trainer.state.global_step, r.output.export_dtype))
     comm.wait_until_seen()
