@@ -116,6 +116,11 @@ def _cause(doc: str, pos: int, msg: str) -> tuple[int, str] | None:
     return None
 
 
+def cause(e: json.JSONDecodeError) -> tuple[int, str]:
+    """(the position in `e.doc` of the mistake, `<cause>; <fix>`, or Python's words where none are better)."""
+    return _cause(e.doc, e.pos, e.msg) or (e.pos, e.msg.removesuffix(" at"))
+
+
 def explain(e: json.JSONDecodeError, first_line: int = 1) -> str:
     """`line:column: invalid JSON: <cause>; <fix>` for `e` (raised parsing `e.doc`), the line counted from
     `first_line` (a .jsonl's lines are parsed one by one)."""

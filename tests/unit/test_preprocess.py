@@ -102,14 +102,16 @@ def test_bad_lines(tmp_path, tok_dir):
 
 
 def test_bad_json_line_says_where_in_the_line(tmp_path, tok_dir):
-    """json's message without its position: an unterminated string read "not valid JSON (Invalid control character
-    at)", a sentence cut off before the column that says where the line went wrong."""
+    """The column and the mistake as every user's JSON file names it (`json_mistakes.cause`), not json's "Invalid
+    control character at" / "Expecting value", which say neither what is wrong nor what to do."""
     f = tmp_path / "bad.jsonl"
     f.write_text('{"text": "good one"}\n{"text": "unterminated\n{"text": broken}\n')
-    with pytest.raises(UserError, match=r"bad.jsonl:2: not valid JSON \(Invalid control character at column 23\);"):
+    with pytest.raises(UserError, match=r'bad.jsonl:2: not valid JSON at column 23: a string not closed on its '
+                                        r'line; end it with "; fix it or pass --skip_bad_lines$'):
         run_preprocess("--input_path", f, "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir)
     f.write_text('{"text": broken}\n')
-    with pytest.raises(UserError, match=r"bad.jsonl:1: not valid JSON \(Expecting value at column 10\);"):
+    with pytest.raises(UserError, match=r'bad.jsonl:1: not valid JSON at column 10: an unquoted string broken; put '
+                                        r'it in double quotes \("broken"\); fix it'):
         run_preprocess("--input_path", f, "--output_prefix", tmp_path / "o", "--tokenizer", tok_dir)
 
 

@@ -17,6 +17,7 @@ import lzma
 import zlib
 from pathlib import Path
 
+from pretrain_cli import json_mistakes
 from pretrain_cli.json_mistakes import NESTED
 
 FORMATS = (".jsonl", ".json", ".txt")
@@ -179,7 +180,7 @@ class FileReader:
             self.bad(where, f"not UTF-8 ({e.reason} at byte {e.start} of the line)", "re-encode the file as UTF-8")
             return None
         except ValueError as e:
-            self.bad(where, f"not valid JSON ({_json_problem(e)})", "fix it")
+            self.bad(where, f"not valid JSON {_json_problem(e)}", "fix it")
             return None
         text = obj.get(self.json_key) if isinstance(obj, dict) else None
         if not isinstance(text, str):
@@ -299,11 +300,12 @@ def not_unicode(text: str) -> str | None:
 
 
 def _json_problem(e: ValueError) -> str:
-    """json's words and the column: its `msg` alone stops at "at" for some ("Invalid control character at", where
-    a string runs to the line's end), and "line 1" of one JSONL line says nothing."""
+    """The mistake and its fix as every user's JSON file names it (`json_mistakes.cause`: 'a trailing comma before
+    }; remove it'), and its column: "line 1" of one JSONL line says nothing."""
     if not isinstance(e, json.JSONDecodeError):
-        return str(e)
-    return f"{e.msg.removesuffix(' at')} at column {e.colno}"
+        return f"({e})"
+    pos, what = json_mistakes.cause(e)
+    return f"at column {pos - e.doc.rfind(chr(10), 0, pos)}: {what}"
 
 
 def _first_line(e: BaseException) -> str:
