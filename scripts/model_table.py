@@ -40,21 +40,24 @@ def needs(name: str) -> str:
     family = "llama" if cfg.model_type == "llama" else "qwen"
     config = str(FILES / f"{family}_pretrain_argument.json")
     _, f = fit_file(config, ["--model_name_or_path", name, "--continue_training", "0"], "A100-80GB", 8)
-    shipped = f"as shipped {f['before']['memory_gib']:.1f} GiB/GPU"
+    gib = f"({f['before']['memory_gib']:.1f} GiB/GPU)"
+    as_written = max(f["before"]["memory_gib"], f["before"]["startup_gib"]) <= f["device"]["memory_gib"]
+    shipped = f"fits as shipped {gib}" if as_written else f"does not fit as shipped {gib}"
     if f["after"] is not None:
         change = ", ".join(f"{k} {json.dumps(new)}" for k, _, new in f["diff"])
-        if kept := f.get("kept"):  # (`orchestration.planned._kept`: a gain within the speed model's error)
+        if kept := f["kept"]:  # (`orchestration.planned._kept`: a predicted gain under its threshold)
             faster = ", ".join(f"{k} {json.dumps(new)}" for k, _, new in kept["diff"])
-            return (f"fits: {shipped}, kept (the fastest that fits, {faster}, plans {kept['gain']:.1%} faster: "
-                    f"within the speed model's {kept['within']:.0%} error)"
+            return (f"{shipped}; kept: {faster} plans only {kept['gain']:.1%} faster"
                     + (f"; with {change} ({f['after']['memory_gib']:.1f} GiB)" if change else ""))
-        return f"fits: {shipped}" + (f"; fastest that fits: {change} ({f['after']['memory_gib']:.1f} GiB)"
-                                    if change else " (already the fastest that fits)")
+        if not change:
+            return f"{shipped}, already the fastest that fits"
+        return (f"{shipped}; {'fastest that fits' if as_written else 'fits with'}: {change} "
+                f"({f['after']['memory_gib']:.1f} GiB)")
     more = f["more_devices"]
     if more is None:
-        return f"does not fit: {shipped}"
+        return shipped
     layout = ", ".join(f"{k} {json.dumps(v)}" for k, v in more["change"].items())
-    return f"does not fit ({shipped}): {more['gpus']} GPUs with {layout} ({more['memory_gib']:.1f} GiB)"
+    return f"{shipped}: {more['gpus']} GPUs with {layout} ({more['memory_gib']:.1f} GiB)"
 
 
 def rows() -> list[str]:

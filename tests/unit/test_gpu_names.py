@@ -196,6 +196,30 @@ def test_a_typo_of_a_form_after_a_listed_model_gets_that_models_names(name, near
     assert str(e.value).startswith(f"--device: unknown device {name!r} (did you mean {near}?); use one of "), e.value
 
 
+@pytest.mark.parametrize("name", ["H100 S", "H100 E", "h100-s"])
+def test_a_lone_letter_making_no_card_is_a_typo(name):
+    """A letter after the model is another card's mark only where the two name one (L40S, A10G, V100S, T4G,
+    A100X, RTX 4090 D): "H100 S" was "H100-SXM and H100-PCIe are other cards", no name offered."""
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.planning.plan import target_device
+
+    assert hardware.words(name) == ["h100", name[-1].lower()]
+    with pytest.raises(UserError) as e:
+        target_device(name)
+    assert str(e.value).startswith(f"--device: unknown device {name!r} (did you mean H100"), e.value
+
+
+@pytest.mark.parametrize("name, kin", [("T4 G", "T4 is another card"), ("RTX 4090 D", "RTX4090 is another card"),
+                                       ("A100 X", "A100-40GB and A100-80GB are other cards")])
+def test_a_lone_letter_making_a_card_is_its_mark(name, kin):
+    from pretrain_cli.errors import UserError
+    from pretrain_cli.planning.plan import target_device
+
+    with pytest.raises(UserError) as e:
+        target_device(name)
+    assert str(e.value).startswith(f"--device: {name!r} has no table entry ({kin}, with other figures); "), e.value
+
+
 def test_plan_help_lists_the_names_plan_takes():
     """--help's "known:" list was the table's entries without the PCIe cards `plan` plans (A100-80GB-PCIe)."""
     import argparse

@@ -81,8 +81,9 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE,
 
     Its `output_dir` is the source's + `-fitted`: training it never overwrites or resumes the source's run by
     accident (a run with `overwrite_output_dir: true` would wipe it); where plan's command line names another
-    model (`--model_name_or_path`, the file's output_dir kept), the directory beside it named for that model +
-    `-fitted` (a Llama-2-7B planned over a llama-3-8b file: not `./checkpoints/llama-3-8b-fitted`). When the
+    model than the file's (`--model_name_or_path`, the file's output_dir kept), the directory beside it named for
+    that model + `-fitted` (a Llama-2-7B planned over a llama-3-8b file: not `./checkpoints/llama-3-8b-fitted`; a
+    checkpoint-N directory with its run directory's name, `output-checkpoint-5-fitted`). When the
     source's directory holds a checkpoint (a run that ran out of memory), the fitted file resumes from the newest
     one by name
     (`resume_from_checkpoint`): any layout resumes from any other, and the fit keeps the global batch. Not when
@@ -97,6 +98,7 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE,
     path_in = args.config_path  # its keys, in the user's order, as `load_arguments` reads them:
     raw = arguments_of(read_argument_file(path_in), "user_arguments", path_in)[0] if path_in is not None else {}
     given = []
+    mine = str(next((v for k, v in raw.items() if "model_name_or_path" in (k, ALIASES.get(k))), "")).rstrip("/")
     for key, where in args.explicit.items():
         if where == "file" or key in change:
             continue
@@ -108,9 +110,14 @@ def write_fitted(args, change: dict, path: str, device: str = DEFAULT_DEVICE,
     source = str(args.get("output_dir")).rstrip("/") or "."
     raw["output_dir"], why = f"{source}-fitted", ""
     model = str(args.get("model_name_or_path") or "").rstrip("/")
-    if args.explicit.get("model_name_or_path") not in (None, "file") and args.explicit.get("output_dir") in (
-            None, "file") and Path(model).name:  # another model than the file's: its directory named for it
-        raw["output_dir"] = f"{source.rpartition('/')[0]}{'/' if '/' in source else ''}{Path(model).name}-fitted"
+    if args.explicit.get("model_name_or_path") not in (None, "file") and model != mine and args.explicit.get(
+            "output_dir") in (None, "file") and Path(model).name:
+        # another model than the file's: its directory named for it, a checkpoint-N with its run's name (every
+        # run has a checkpoint-5)
+        name = Path(model).name
+        name = f"{Path(model).parent.name}-{name}" if run_dir.CHECKPOINT.match(name) and Path(model).parent.name \
+            else name
+        raw["output_dir"] = f"{source.rpartition('/')[0]}{'/' if '/' in source else ''}{name}-fitted"
         why = f"named for --model_name_or_path {model}; "
     said = f"output_dir {raw['output_dir']} ({why}the source's {source} is left to its run)"
     ckpts = run_dir.list_checkpoints(source) if not raw.get("resume_from_checkpoint") else []
@@ -267,7 +274,7 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     args, f = planned.fit_file(ns.config, ns.overrides, ns.device, ns.gpus, ns.mfu, margin, ns.peak_tflops,
                                node=node, progress=Searching)
-    device = ns.device or f["device"]["name"]  # (else the file's: `planned.own_device`)
+    device = ns.device if ns.device and ns.device.lower() != "gpu" else f["device"]["name"]  # (`own_device`)
     if ns.output and f["after"] is not None:  # every key written is in the printed changes: the command line's too
         said, given = write_fitted(args, f["change"], ns.output, device, ns.tokens)
         f = {**f, "given": given}

@@ -40,7 +40,7 @@ def check_flags(device: str | None, gpus: int | None, mfu: float | None, peak_tf
                         "the ETA; --mfu the kernels' share of peak the speed model adds traffic to)")
     if peak_tflops is not None and not (0 < peak_tflops < float("inf")):
         raise UserError(f"--peak_tflops: must be a number > 0 (dense TFLOPS per device), got {peak_tflops}")
-    if device is not None:
+    if device is not None and device.lower() != "gpu":  # (gpu: the default GPU, `planned.own_device`)
         target_device(device)
 
 

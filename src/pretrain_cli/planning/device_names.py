@@ -40,7 +40,8 @@ def family_entries(name: str) -> list[hardware.Device]:
     carries a mark of another card of that model: a word such cards add (`OTHER_WORDS`: "H100 NVL"), a letter glued
     to the model ("GH200" or "GH 200" is not the H200, "A10G" not the A10), a memory size or form factor none of the
     model's entries has ("A800 40GB", "V100 PCIe"), a name in `OTHER_MODELS` ("L40"), or after a listed model any
-    other word not close to a form or size (`_typed`: "RTX 4090 Laptop", "V100 DGXS"; "H100 PCI" is a typo). Each
+    other word of two letters or more not close to a form or size (`_typed`: "RTX 4090 Laptop", "V100 DGXS"; "H100
+    PCI" and "H100 S" are typos: a lone letter is a mark only where `hardware.LETTERED` names its card). Each
     is another card, with other figures: no name to suggest for it. [] for any other name: a typo, answered with
     the nearest names."""
     said = hardware.words(name)
@@ -65,7 +66,7 @@ def family_entries(name: str) -> list[hardware.Device]:
         marked = marked or word in OTHER_WORDS or bool(
             size and all(f"{d.memory_gib:g}" != size[1] for d in entries)) or bool(
             form and not any(word in hardware.FORMS.get(d.name, ()) for d in entries)) or (
-            listed_model and not size and not form and not _typed(word))
+            listed_model and not size and not form and len(word) > 1 and not _typed(word))
     return entries if marked else []
 
 

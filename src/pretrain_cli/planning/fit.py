@@ -191,7 +191,7 @@ def fit(current: dict, base: Plan, as_written: Plan, replan, budget_gib: float, 
            "before": {"memory_gib": as_written.memory_gib, "startup_gib": as_written.startup_gib,
                       "least_gib": as_written.least_gib, "speed": speed(as_written)},
            "after": None, "change": None, "diff": [], "eval": None, "smallest": None, "more_devices": None,
-           "machine": None, "notes": notes, "faster": None,
+           "machine": None, "notes": notes, "faster": None, "kept": None,
            "ranked_by": "speed" if by_speed else "fewest changes"}
     if best is not None:  # its speed as `plan` of the fitted file would qualify it (`plan.too_small_note`)
         out["notes"] = notes + [n for n in best["report"].notes if n.startswith(TOO_SMALL) and n not in notes]

@@ -111,14 +111,15 @@ def format_fit(f: dict) -> str:
 
 
 def _kept(f: dict) -> str:
-    """Why the file's layout is the answer though a faster one fits (`planned._kept`: the gain is within the speed
-    model's error), or "" where it is not."""
+    """Why the file's layout is the answer though a faster one fits (`planned._kept`: the predicted gain is under
+    its threshold, `planned.KEEP_WITHIN`), or "" where it is not."""
     k = f.get("kept")
     if not k:
         return ""
     change = ", ".join(f"{key} {json_value(v)}" for key, _, v in k["diff"])
     return (f"the file's layout is within {k['gain']:.1%} of the fastest planned ({change}: {_tok(k['speed'])}), "
-            f"under the speed model's {k['within']:.0%} error: kept")
+            f"and a predicted gain under {k['within']:.0%} does not change the file's degrees (no GPU run has "
+            f"validated the speed model closer than that): kept")
 
 
 def _faster_line(x: dict, budget: float, device_gib: float) -> str:

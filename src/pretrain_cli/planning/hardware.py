@@ -84,19 +84,21 @@ _MAKERS = {"nvidia", "tesla", "geforce", "gpu"}  # words of a driver's name that
 
 MEMORY_WORD = re.compile(r"(\d+)(?:gb|g|gib)?")  # a memory size word: "80GB", informally "80G" or "80"
 GLUED_FORM = re.compile(r"(.+?)(sxm\d?|pcie|nvl)")  # a form factor glued to the model: "h100sxm", "a100pcie"
+LETTERED = {"l40s", "a10g", "v100s", "rtx4090d", "t4g", "a100x"}  # cards named as a model and one letter
 
 
 def words(name: str) -> list[str]:
     """`name`'s words as `lookup` matches them: lower case, makers' words dropped, "RTX 4090" one model word, a
-    memory size typed as two words ("80 GB") one, and a lone letter after the model part of it ("L40 S" is the
-    L40S, "A10 G" the A10G: read apart, the model would be another card's)."""
+    memory size typed as two words ("80 GB") one, and a lone letter after the model part of it where the two name
+    a real card (`LETTERED`: "L40 S" is the L40S, "A10 G" the A10G: read apart, the model would be another card's;
+    "H100 S" is no card, a typo)."""
     said = [w for w in re.split(r"[\s_-]+", name.lower()) if w and w not in _MAKERS]
     if said[:1] == ["rtx"] and len(said) > 1:  # "GeForce RTX 4090": the table's RTX4090
         said = ["rtx" + said[1], *said[2:]]
     for i in range(len(said) - 1, 0, -1):
         if said[i] in ("gb", "g", "gib") and said[i - 1].isdigit():
             said[i - 1:i + 1] = [said[i - 1] + said[i]]
-    if len(said) > 1 and len(said[1]) == 1 and said[1].isalpha():
+    if len(said) > 1 and len(said[1]) == 1 and said[0] + said[1] in LETTERED:
         said[:2] = [said[0] + said[1]]
     return said
 

@@ -167,8 +167,10 @@ def default_mfu(run: RunConfig, cfg, device: Device) -> float:
 
 def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, baseline_bytes: float = 0.0,
            config: str | None = None, peak_tflops: float | None = None, groups: dict | None = None,
-           shown: bool = True) -> Plan:
-    """The whole plan (`Plan.to_json` is what `plan --json` prints). `groups` ({"tp" | "pp" | "data": the groups
+           shown: bool = True, timed: bool = False) -> Plan:
+    """The whole plan (`Plan.to_json` is what `plan --json` prints). `timed`: the user gave the mfu `train` logged
+    (`--measured_mfu`), so the too-small note, which warns that the FLOPs model's time is too short, has no
+    assumed MFU to qualify and is not said. `groups` ({"tp" | "pp" | "data": the groups
     of ranks along each axis}, from the run's rank rule) explains how the ranks fall onto nodes (`layout`).
     `shown` False: a candidate layout of a search, never printed, without the multi-token prediction modules' share
     (`mtp_share`, which plans the model again without them: a third of a DeepSeek-V3 candidate's time)."""
@@ -192,7 +194,7 @@ def report(run: RunConfig, model_cfg, device: Device, mfu: float | None = None, 
     tokens = lp.micro_batch * lp.grad_accum * setup.seq_len / par.tp_degree  # one device's share of its stage's
     notes = list(run.notes)
     measured = not (device.is_gpu or mfu_given) and cfg.num_experts > 0  # MFU_MOE_CPU: timed on a model this small
-    if peak_tflops is not None and not measured:
+    if peak_tflops is not None and not measured and not timed:
         notes += too_small_note(cfg, lp.micro_batch * s * flops_per_token(cfg, s, recompute=setup.recompute,
                                                                           hardware=True) / par.tp_degree,
                                 peak_tflops * 1e12 * mfu)
