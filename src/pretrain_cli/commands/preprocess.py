@@ -23,16 +23,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", help="tokenizer directory (tokenizer.json); required, under this name or "
                                              "--model_name_or_path's")
     parser.add_argument("--model_name_or_path", help="PaddleNLP's create_pretraining_data.py name for --tokenizer: "
-                                                     "the same directory (both given, they must agree)")
+                                                     "the same directory (both given, they must agree; default: "
+                                                     "none, then --tokenizer is required)")
     for older in ("--model_name", "--tokenizer_name"):
         parser.add_argument(older, help="an older name PaddleNLP's README still shows for --model_name_or_path: the "
-                                        "same")
+                                        "same (default: none)")
     parser.add_argument("--data_format", help="PaddleNLP's: JSON only, which it does not read either; accepted as a "
-                                              "no-op (each file's format is its extension's)")
+                                              "no-op (each file's format is its extension's; default: none)")
     parser.add_argument("--data_impl", help="PaddleNLP's token file format: mmap (MMIDIDX, what is written here) is "
-                                            "a no-op; lazy and cached are refused")
+                                            "a no-op; lazy and cached are refused (default: none)")
     for flag in REFUSED_FLAGS:  # (PaddleNLP's, which change its output in ways not done here: one line each)
-        parser.add_argument(flag, nargs="?", const="", help=argparse.SUPPRESS)
+        parser.add_argument(flag, nargs="?", const="", metavar="X",
+                            help="PaddleNLP's create_pretraining_data.py flag, refused here in one line saying why "
+                                 "(default: none)")
     parser.add_argument("--json_key", default="text", help="the document field of .jsonl/.json lines, or the Parquet "
                                                            "column (default: %(default)s)")
     parser.add_argument("--append_eos", action="store_true",
