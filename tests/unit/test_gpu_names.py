@@ -3,7 +3,7 @@ trainer's MFU and `plan`'s figures come from the entry, so a name must reach its
 MFU), never a neighbour's ("NVIDIA L40" is not the L4, "NVIDIA H100 NVL" not the SXM card)."""
 import pytest
 
-from pretrain_cli.planning import hardware
+from pretrain_cli.planning import device_words, hardware
 
 DRIVER_NAMES = {
     "Tesla V100-SXM2-16GB": "V100-16GB",
@@ -203,7 +203,7 @@ def test_a_lone_letter_making_no_card_is_a_typo(name):
     from pretrain_cli.errors import UserError
     from pretrain_cli.planning.plan import target_device
 
-    assert hardware.words(name) == ["h100", name[-1].lower()]
+    assert device_words.words(name) == ["h100", name[-1].lower()]
     with pytest.raises(UserError) as e:
         target_device(name)
     assert str(e.value).startswith(f"--device: unknown device {name!r} (did you mean H100"), e.value

@@ -4,27 +4,29 @@ a name it has no entry for is refused.
 A name the table does not hold is either a typo of a listed one ("A100-80GBB", "H1000"), answered with the nearest
 names, or another card of a listed model ("H100 NVL", "GH200", "L40"), whose figures are not that model's: naming a
 listed card for it would plan the wrong memory and peak, so the refusal says it is another card and suggests none.
-`hardware.lookup` decides which entry a name is; this module only words what `plan` tells the user.
+`hardware.lookup` decides which entry a name is, from its words as `device_words` reads them; this module only words
+what `plan` tells the user.
 """
 from __future__ import annotations
 
 import re
 
 from pretrain_cli.planning import hardware
+from pretrain_cli.planning.device_words import FORMS, GLUED_FORM, MEMORY_WORD, words
 
 # words that make another card of a listed model ("H100 NVL", "RTX 3090 Ti", "RTX 4090 D")
 OTHER_WORDS = {"nvl", "ti", "super", "d"}
 # other cards named as a listed model with a digit added, which a typo cannot be told from ("L40" is not the L4,
 # "H1000" is a typo of the H100): named here one by one
 OTHER_MODELS = {"l40": "l4"}
-_FORM = re.compile(r"sxm\d?|pcie|hbm\d?e?")  # a form factor word (`hardware.FORMS`)
+_FORM = re.compile(r"sxm\d?|pcie|hbm\d?e?")  # a form factor word (`FORMS`)
 
 
 def listed() -> list[str]:
-    """The names `plan --device` lists: the table's entries, each with NVLink and a PCIe card (`hardware.FORMS`)
+    """The names `plan --device` lists: the table's entries, each with NVLink and a PCIe card (`FORMS`)
     followed by that card's name, which `hardware.lookup` plans over PCIe (A100-80GB, A100-80GB-PCIe)."""
     return [n for d in hardware.DEVICES.values() for n in (d.name, f"{d.name}-PCIe")
-            if n == d.name or (d.nvlink_gbps and "pcie" in hardware.FORMS.get(d.name, ()))]
+            if n == d.name or (d.nvlink_gbps and "pcie" in FORMS.get(d.name, ()))]
 
 
 def variants(entry: hardware.Device) -> list[str]:
@@ -41,14 +43,14 @@ def family_entries(name: str) -> list[hardware.Device]:
     to the model ("GH200" or "GH 200" is not the H200, "A10G" not the A10), a memory size or form factor none of the
     model's entries has ("A800 40GB", "V100 PCIe"), a name in `OTHER_MODELS` ("L40"), or after a listed model any
     other word of two letters or more not close to a form or size (`_typed`: "RTX 4090 Laptop", "V100 DGXS"; "H100
-    PCI" and "H100 S" are typos: a lone letter is a mark only where `hardware.LETTERED` names its card). Each
+    PCI" and "H100 S" are typos: a lone letter is a mark only where `device_words.LETTERED` names its card). Each
     is another card, with other figures: no name to suggest for it. [] for any other name: a typo, answered with
     the nearest names."""
-    said = hardware.words(name)
+    said = words(name)
     if not said:
         return []
     model, rest, models = said[0], said[1:], hardware.model_words()
-    glued = hardware.GLUED_FORM.fullmatch(model)  # ("h100nvl": the model, then its form)
+    glued = GLUED_FORM.fullmatch(model)  # ("h100nvl": the model, then its form)
     if glued and glued[1] in models:
         model, rest = glued[1], [glued[2], *rest]
     marked, found = model in OTHER_MODELS, models.get(OTHER_MODELS.get(model, model))
@@ -62,10 +64,10 @@ def family_entries(name: str) -> list[hardware.Device]:
                 break
     entries = [d for k, d in hardware.DEVICES.items() if k.split("-")[0] == found]
     for word in rest:
-        size, form = hardware.MEMORY_WORD.fullmatch(word), _FORM.fullmatch(word)
+        size, form = MEMORY_WORD.fullmatch(word), _FORM.fullmatch(word)
         marked = marked or word in OTHER_WORDS or bool(
             size and all(f"{d.memory_gib:g}" != size[1] for d in entries)) or bool(
-            form and not any(word in hardware.FORMS.get(d.name, ()) for d in entries)) or (
+            form and not any(word in FORMS.get(d.name, ()) for d in entries)) or (
             listed_model and not size and not form and len(word) > 1 and not _typed(word))
     return entries if marked else []
 
@@ -75,7 +77,7 @@ def _typed(word: str) -> bool:
     "80gbb") rather than a word of another card ("laptop", "dgxs")."""
     import difflib
 
-    typed = {f for forms in hardware.FORMS.values() for f in forms} | {
+    typed = {f for forms in FORMS.values() for f in forms} | {
         f"{d.memory_gib:g}gb" for d in hardware.DEVICES.values()}
     return bool(difflib.get_close_matches(word, sorted(typed), 1, 0.6))
 
@@ -93,7 +95,7 @@ def unknown(name: str) -> str:
 
     models = hardware.model_words()
     known = {**{k: k.upper() for k in hardware.ALIASES if k[0].isalpha()}, **{n.lower(): n for n in listed()}}
-    said = hardware.words(name)
+    said = words(name)
     if model := models.get(said[0]) if said else None:  # ("4090 PCIe" would be "did you mean H100-PCIe?")
         known = {k: n for k, n in known.items() if models.get(k.split("-")[0]) == model}
     near = [known[k] for k in difflib.get_close_matches(name.lower(), list(known), 3, 0.6)]

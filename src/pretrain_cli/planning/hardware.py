@@ -8,10 +8,11 @@ A100 peak on H100, 104 % MFU), so an unknown device gets no MFU rather than a gu
 from __future__ import annotations
 
 import functools
-import re
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from pretrain_cli.planning import device_words
 
 TABLE_VERSION = "2026-11"
 
@@ -68,44 +69,12 @@ DEVICES = {
 }
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "v100": "v100-32gb", "a800": "a800-80gb",
            "16gb": "v100-16gb", "3090": "rtx3090", "4090": "rtx4090"}
-# The form factors each entry's figures are the datasheet's for, as driver names spell them ("NVIDIA A100 80GB PCIe",
-# "NVIDIA H100 80GB HBM3": the SXM5 card). The A100/A800 datasheets give the PCIe cards the SXM4 ones' peaks and
-# memory, but their NVLink is a bridge between two cards, not the SXM4 board's NVSwitch to all eight: `lookup` gives a
-# PCIe card its entry with no NVLink (A100-80GB-PCIe), so `links` plans its node's GPUs over PCIe 4.0 x16. A V100
-# PCIe (112 fp16 TFLOPS), an H800 PCIe, an H100 NVL or an H200 NVL has its own figures, not in the table: a name with
-# a form factor its entry lacks (or any other word) matches nothing. T4, A10, L4, L40S and the RTX cards are PCIe only;
-# the H20 (96 GB HBM3) comes only on an HGX board's SXM modules.
-FORMS = {"V100-16GB": {"sxm", "sxm2"}, "V100-32GB": {"sxm", "sxm2"}, "A100-40GB": {"sxm", "sxm4", "pcie"},
-         "A100-80GB": {"sxm", "sxm4", "pcie"}, "A800-80GB": {"sxm", "sxm4", "pcie"},
-         "H100-SXM": {"sxm", "sxm5", "hbm3"}, "H100-PCIe": {"pcie"}, "H800": {"sxm", "sxm5", "hbm3"},
-         "H20": {"sxm", "hbm3"}, "H200": {"sxm", "hbm3e"}} | {n: {"pcie"} for n in ("T4", "A10", "L4", "L40S", "RTX3090", "RTX4090")}
-_MAKERS = {"nvidia", "tesla", "geforce", "gpu"}  # words of a driver's name that name no device
-
-
-MEMORY_WORD = re.compile(r"(\d+)(?:gb|g|gib)?")  # a memory size word: "80GB", informally "80G" or "80"
-GLUED_FORM = re.compile(r"(.+?)(sxm\d?|pcie|nvl)")  # a form factor glued to the model: "h100sxm", "a100pcie"
-LETTERED = {"l40s", "a10g", "v100s", "rtx4090d", "t4g", "a100x"}  # cards named as a model and one letter
-
-
-def words(name: str) -> list[str]:
-    """`name`'s words as `lookup` matches them: lower case, makers' words dropped, "RTX 4090" one model word, a
-    memory size typed as two words ("80 GB") one, and a lone letter after the model part of it where the two name
-    a real card (`LETTERED`: "L40 S" is the L40S, "A10 G" the A10G: read apart, the model would be another card's;
-    "H100 S" is no card, a typo)."""
-    said = [w for w in re.split(r"[\s_-]+", name.lower()) if w and w not in _MAKERS]
-    if said[:1] == ["rtx"] and len(said) > 1:  # "GeForce RTX 4090": the table's RTX4090
-        said = ["rtx" + said[1], *said[2:]]
-    for i in range(len(said) - 1, 0, -1):
-        if said[i] in ("gb", "g", "gib") and said[i - 1].isdigit():
-            said[i - 1:i + 1] = [said[i - 1] + said[i]]
-    if len(said) > 1 and len(said[1]) == 1 and said[0] + said[1] in LETTERED:
-        said[:2] = [said[0] + said[1]]
-    return said
 
 
 def model_words() -> dict[str, str]:
     """{a model word a name may start with: the table's model it names}: the entries' first words and the aliases
-    of a model ("4090": rtx4090; not "16gb", a size). `lookup` and `device_names` read a name's model through it."""
+    of a model ("4090": rtx4090; not "16gb", a size). `lookup` (through `device_words.read`) and
+    `device_names` read a name's model through it."""
     first = {k.split("-")[0]: k.split("-")[0] for k in DEVICES}
     return first | {a: k.split("-")[0] for a, k in ALIASES.items() if not a.endswith("gb")}
 
@@ -113,27 +82,24 @@ def model_words() -> dict[str, str]:
 def lookup(name: str) -> Device | None:
     """The table entry of a user-given or driver-reported name ("NVIDIA A100-SXM4-80GB"), or None. A driver name is
     matched word by word: its model (an entry's first word: "L40" is not "L4", "GH200" not "H200"), then each other
-    word a memory size the entry has ("80GB", typed also "80 GB", "80G" or "80") or a form factor it covers (`FORMS`,
-    typed also glued to the model: "h100sxm"; the model also as its alias: "4090 PCIe"). Without a memory size, the
-    model's `ALIASES` entry where it has several. A PCIe card of an entry with NVLink is that entry without it
-    (`FORMS`' comment)."""
+    word a memory size the entry has ("80GB", typed also "80 GB", "80G" or "80") or a form factor it covers
+    (`device_words.FORMS`, typed also glued to the model: "h100sxm"; the model also as its alias: "4090 PCIe").
+    Without a memory size, the model's `ALIASES` entry where it has several. A PCIe card of an entry with NVLink is
+    that entry without it (`device_words.FORMS`' comment). The name's words are `device_words.read`'s."""
     key = name.lower().replace("nvidia", "").replace("tesla", "").strip().replace(" ", "-")
     if key in DEVICES:
         return DEVICES[key]
     if key in ALIASES:
         return DEVICES[ALIASES[key]]
-    said = words(name)
-    if not said:
+    read = device_words.read(name, model_words())
+    if read is None:
         return None
-    model, rest, models = said[0], said[1:], model_words()
-    glued = GLUED_FORM.fullmatch(model)
-    if glued and model not in models:
-        model, rest = glued[1], [glued[2], *rest]
-    model = models.get(model, model)
+    model, rest = read
     options = [d for k, d in DEVICES.items() if k.split("-")[0] == model]
     for word in rest:
-        size = MEMORY_WORD.fullmatch(word)
-        options = [d for d in options if (f"{d.memory_gib:g}" == size[1] if size else word in FORMS.get(d.name, ()))]
+        size = device_words.MEMORY_WORD.fullmatch(word)
+        options = [d for d in options
+                   if (f"{d.memory_gib:g}" == size[1] if size else word in device_words.FORMS.get(d.name, ()))]
     if len(options) > 1:
         default = DEVICES.get(ALIASES.get(model, ""))
         options = [default] if default in options else []
