@@ -15,3 +15,9 @@ def count(n: int, noun: str, grouped: bool = False) -> str:
     """`n noun`, the noun plural unless n is 1; `grouped`: thousands separated (`2,496 windows`)."""
     number = f"{n:,}" if grouped else str(n)
     return f"{number} {noun if n == 1 else plural(noun)}"
+
+
+def first_few(names: list[str], shown: int = 3) -> str:
+    """Up to `shown` of `names` and how many more (`a, b, c and 4 more`): one line names a list without growing with
+    it."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")

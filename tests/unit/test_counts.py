@@ -40,3 +40,13 @@ def test_a_step_after_one_skipped_batch_says_batch():
 
     first = describe_step(Dataset(), 1, 1, 1, 1, skipped_batches=[0])[0]
     assert first.endswith("(micro_bs 1 x 1 data rank x acc 1; after 1 skipped batch)"), first
+
+
+def test_first_few_names_three_and_counts_the_rest():
+    from pretrain_cli.counts import first_few
+
+    assert first_few([]) == ""
+    assert first_few(["a"]) == "a"
+    assert first_few(["a", "b", "c"]) == "a, b, c"
+    assert first_few(["a", "b", "c", "d", "e"]) == "a, b, c and 2 more"
+    assert first_few(["a", "b", "c"], shown=1) == "a and 2 more"

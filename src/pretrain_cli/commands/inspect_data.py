@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 
+from pretrain_cli.counts import first_few
 from pretrain_cli.data.inspect import (TOKENIZER_IDS, check_ids, describe_step, step_record, summarize,
                                       summarize_directory)
 from pretrain_cli.data.token_file_tokenizers import tokenizer_named
@@ -266,7 +267,7 @@ def _groups_line(groups: list) -> str:
     for g in groups:
         field = next(f for f in TOKENIZER_IDS if f in g)
         files = [os.path.basename(p) for p in g["files"]]
-        named = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        named = first_few(files)
         said.append(f"{', '.join(g['tokenizers']) or 'a tokenizer not named'} ({_ID_NAMES[field]} "
                     f"{str(g[field])[:12]}): {named}")
     return f"tokenizers: the files were made with {len(groups)}: " + "; ".join(said)

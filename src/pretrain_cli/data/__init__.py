@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pretrain_cli.counts import count, first_few
 from pretrain_cli.data.blend import BlendedDataset, parse_input_dir, source_name
-from pretrain_cli.counts import count
 from pretrain_cli.data.indexed import IndexedDataset, check_token_ids, open_token_file
 from pretrain_cli.data.samples import SPLIT_NAMES, parse_split, special_ids, split_datasets
 from pretrain_cli.errors import UserError
@@ -95,7 +95,7 @@ def missing_eos(prefixes: list[str]) -> list[str]:
     if not without:
         return []
     one = len(without) == 1
-    names = ", ".join(without[:3]) + (f" and {len(without) - 3} more" if len(without) > 3 else "")
+    names = first_few(without)
     return [f"input_dir: WARNING: {names} {'was' if one else 'were'} preprocessed without --append_eos (eos_appended "
             f"false in {'its sidecar' if one else 'their sidecars'}): packed samples run one document into the next "
             f"with no EOS between them, so the model never learns where a document ends; re-run preprocess with "
@@ -134,7 +134,7 @@ def loss_masks(sources: list) -> list[str]:
     if not masked:
         return []
     one = len(masked) == 1
-    names = ", ".join(masked[:3]) + (f" and {len(masked) - 3} more" if len(masked) > 3 else "")
+    names = first_few(masked)
     return [f"input_dir: {names}: {'a .lsm loss mask' if one else '.lsm loss masks'} beside the tokens: the tokens "
             f"whose byte is 0 are no target of the loss (PaddleNLP's run_pretrain ignores .lsm files and trains on "
             f"every token); move {'it' if one else 'them'} aside to train on every token"]

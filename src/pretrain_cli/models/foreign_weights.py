@@ -12,6 +12,7 @@ import os
 import re
 from pathlib import Path
 
+from pretrain_cli.counts import first_few
 from pretrain_cli.errors import UserError
 from pretrain_cli.storage.intact import PADDLENLP_MARKS
 
@@ -105,7 +106,7 @@ def refuse_unread(model_dir, key: str | None = None) -> None:
                             f"base first (`PeftModel.from_pretrained(base, {d!r}).merge_and_unload()."
                             f"save_pretrained(out)`) and point {key or 'the model argument'} at out")
         return
-    named = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    named = first_few(files)
     if all(f.endswith(".pdparams") for f in files):
         raise UserError(f"{where}{d} holds {named}, PaddleNLP .pdparams (pickle), which is not read; save it as "
                         f"safetensors (PaddleNLP `unified_checkpoint: true`, or "

@@ -8,6 +8,7 @@ import os
 import re
 
 from pretrain_cli import json_mistakes
+from pretrain_cli.counts import first_few
 from pretrain_cli.errors import UserError
 from pretrain_cli.models.foreign_weights import refuse_unread, weight_files
 from pretrain_cli.storage import fp8
@@ -78,7 +79,7 @@ def find_weights(src_dir, use: str = "inference") -> list[str]:
         if os.path.isfile(os.path.join(src_dir, SINGLE_FILE)) and SINGLE_FILE not in files and \
                 not os.path.isfile(os.path.join(src_dir, CHECKPOINT_INDEX)):
             raise UserError(f"{src_dir}: holds both {SINGLE_FILE}, which transformers reads, and {INDEX_FILE}, "
-                            f"which names {_some(files)}: two models mixed, not read; remove the one that is not "
+                            f"which names {first_few(files)}: two models mixed, not read; remove the one that is not "
                             f"this model ({SINGLE_FILE}, or the index and its shards), or point to another directory")
         return [os.path.join(src_dir, f) for f in files]
     found = weight_files(src_dir)[0]  # (no optimizer's, no adapter's)
@@ -89,12 +90,12 @@ def find_weights(src_dir, use: str = "inference") -> list[str]:
         return [os.path.join(src_dir, SINGLE_FILE)]
     shards = [n for n in named if re.search(r"-\d{5}-of-\d{5}\.", n)]
     if shards:
-        raise UserError(f"{src_dir}: holds {_some(shards)}, transformers' shards, without their {INDEX_FILE}: part "
+        raise UserError(f"{src_dir}: holds {first_few(shards)}, transformers' shards, without their {INDEX_FILE}: part "
                         f"of a model (an export or download stopped part way), which is not read; download or "
                         f"export it again, or point to another model directory")
     if found:
-        raise UserError(f"{src_dir}: holds weights only under names not read as a model ({_some(found)}): the model "
-                        f"is {SINGLE_FILE}, or the shards {INDEX_FILE} lists; if one of them is this model's "
+        raise UserError(f"{src_dir}: holds weights only under names not read as a model ({first_few(found)}): the "
+                        f"model is {SINGLE_FILE}, or the shards {INDEX_FILE} lists; if one of them is this model's "
                         f"weights, rename it {SINGLE_FILE} (beside its config.json), else point to another directory")
     refuse_unread(src_dir)  # weights in files not read (pytorch_model.bin, .pdparams ...): named, with the conversion
     raise UserError(f"{src_dir}: no {SINGLE_FILE} or {INDEX_FILE}; point to a directory with HF safetensors")
@@ -139,11 +140,6 @@ def lost_index_note(src_dir, lead: str = "note: ") -> str | None:
             f"the {len(files)} files its {INDEX_FILE} lists, each tensor whole as its {world} processes wrote them")
     return (f"{lead}{os.path.join(str(src_dir), CHECKPOINT_INDEX)} is missing: the weights are read from {read}, "
             f"without the checksums the index kept; a resume does not take this checkpoint")
-
-
-def _some(names: list[str]) -> str:
-    """Up to 3 of `names` and how many more, for a one-line refusal."""
-    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def quantization_block(src_dir) -> tuple[int, int]:
