@@ -93,6 +93,8 @@ def main(argv=None) -> int:
           f"to {floor * 1e3:.1f} ms (ours at {floor / step_s:.2f} of it); GEMMs one Linear at a time "
           f"{sum(t for _, _, t in rows[:-2]) * 1e3:.1f} ms, a layer's at once as step_floor.py times them "
           f"{as_floor * 1e3:.1f} ms; attention at the {peak:.0f} GFLOP/s peak")
+    print(f"the in-step column is profiled: it sums to {profiled * 1e3:.1f} ms, the profiler's own "
+          f"{(profiled - step_s) * 1e3:.1f} ms falling mostly on the regions of many small ops (the rest)")
     print(f"{'region':48} {'in step':>9} {'floor term':>11} {'over':>8} {'of the excess':>14}")
     for name, t, term in rows:
         share = max(0.0, t - term) / over if over else 0.0
