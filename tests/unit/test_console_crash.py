@@ -3,6 +3,8 @@
 rank's ~60 lines (gloo's `terminate called ... gloo::TimeoutException`, Python's `Fatal Python error: Aborted` with
 every thread's stack, Paddle's C++ traceback and FatalError) reached the console before launch.sh's one line. They
 stay in the workerlog (the watcher passes them there: no death was seen when rank 0 wrote them)."""
+import pytest
+
 from pretrain_cli.distributed.launcher import failure_report
 
 ABORT = """terminate called after throwing an instance of 'gloo::TimeoutException'
@@ -77,13 +79,15 @@ def _console(monkeypatch, tmp_path, record=None):
     return failure_report._Console()
 
 
+@pytest.mark.parametrize("said", ["[2026-12-07 18:00:00,123] [   ERROR] - the tracker failed; training goes on "
+                                  "without it\n", ""])
 def test_a_python_traceback_the_rank_goes_on_from_stays_on_the_console_and_a_mention_of_gloo_is_kept(
-        capsys, monkeypatch, tmp_path):
+        capsys, monkeypatch, tmp_path, said):
     """`logger.exception` of a failure the run goes on from (a tracker's): its traceback and exception line are the
     rank's own (the exception line was left out, and the cause with it when the rank then hung)."""
     console = _console(monkeypatch, tmp_path)
     logged = ("step 2: reading /data/gloo_corpus/part-0\n"
-              "[2026-12-07 18:00:00,123] [   ERROR] - the tracker failed; training goes on without it\n"
+              + said +  # (logged by logger.exception, or printed bare by traceback.print_exc)
               "Traceback (most recent call last):\n  File \"x.py\", line 1\n    post()\nConnectionError: refused\n"
               "step 3: reading /data/gloo_corpus/part-1\n"
               "[2026-12-07 18:00:01,456] [    INFO] - loss: 6.25, global_step: 4\n")

@@ -158,7 +158,7 @@ def test_an_unreadable_generation_config_is_one_line(model_dir, tmp_path, capsys
     lines = out.err.strip().splitlines()
     where = f"error: {d / 'generation_config.json'}"  # then ": " or, for a JSON mistake, its ":line:col: "
     assert len(lines) == 1 and re.match(re.escape(where) + r"(:\d+:\d+)?: ", lines[0]) and out.out == "", lines
-    if text == "{not json":  # the mistake named at its place (config.json_mistakes)
+    if text == "{not json":  # the mistake named at its place (pretrain_cli.json_mistakes)
         assert lines[0].startswith(where + ":1:2: invalid JSON: an unquoted key"), lines
 
 
@@ -192,6 +192,6 @@ def test_a_model_directorys_generation_config_is_written_on(tmp_path, eos, writt
     (src / "generation_config.json").write_text("[1")
     from pretrain_cli.errors import UserError
 
-    # a JSON mistake is named at its place (config.json_mistakes), the file named with it
+    # a JSON mistake is named at its place (pretrain_cli.json_mistakes), the file named with it
     with pytest.raises(UserError, match=r"generation_config.json:1:3: invalid JSON: the JSON ends before its closing"):
         prepare(str(args), [], Target())
