@@ -1,8 +1,8 @@
-"""What train's closing lines say of a run directory (`training/closing.py`, `export.final_step`), and the closing
+"""What train's closing lines say of a run directory (`training/closing.py`, `final_model.final_step`), and the closing
 metrics' counts (`run_end.train_results`), without a run."""
 import json
 
-from pretrain_cli.training import closing, export
+from pretrain_cli.training import closing, final_model
 
 STOP = "stopped at step 3 and saved; re-run the same command to resume from checkpoint-3"
 
@@ -13,33 +13,33 @@ def test_a_final_model_is_its_weights_its_step_named_where_its_state_says_it(tmp
     away (said without a step)."""
     out = tmp_path / "out"
     out.mkdir()
-    assert export.final_step(out) == (False, None)
+    assert final_model.final_step(out) == (False, None)
     assert closing.stopped(STOP, out, 3) == (f"{STOP}; no final model yet: pretrain-cli eval --model {out} and "
                                              f"pretrain-cli generate --model {out} read checkpoint-3 meanwhile")
     (out / "model.safetensors").write_bytes(b"weights")
     (out / "config.json").write_text("{}")
     ckpt = out / "checkpoint-3"
-    assert export.final_step(out) == (True, None)
+    assert final_model.final_step(out) == (True, None)
     assert closing.stopped(STOP, out, 3) == (
         f"{STOP}; {out} holds a final model exported when the run ended earlier (its step unknown: no "
         f"trainer_state.json): pretrain-cli eval --model {ckpt} and pretrain-cli generate --model {ckpt} read "
         f"step 3's weights meanwhile")
     (out / "trainer_state.json").write_text("{")
-    assert export.final_model(out) == (True, None, "no readable trainer_state.json")
+    assert final_model.final_model(out) == (True, None, "no readable trainer_state.json")
     (out / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
-    assert export.final_step(out) == (True, 2)
+    assert final_model.final_step(out) == (True, 2)
     assert closing.stopped(STOP, out, 3) == (
         f"{STOP}; {out} holds the final model of step 2 (exported when the run ended there): pretrain-cli eval "
         f"--model {ckpt} and pretrain-cli generate --model {ckpt} read step 3's weights meanwhile")
     (out / "trainer_state.json").unlink()
-    assert export.remove_final(out) == (f"overwrite_output_dir: removed the final model an earlier run exported to "
+    assert final_model.remove_final(out) == (f"overwrite_output_dir: removed the final model an earlier run exported to "
                                         f"{out} (model.safetensors, config.json): this run writes its own at its end")
-    assert export.final_step(out) == (False, None) and export.remove_final(out) is None
+    assert final_model.final_step(out) == (False, None) and final_model.remove_final(out) is None
     # weights under a name no export of ours writes: no final model (eval refuses them, naming them), none to remove
     (out / "consolidated.safetensors").write_bytes(b"weights")
     (out / "config.json").write_text("{}")
-    assert export.final_step(out) == (False, None)
-    assert export.remove_final(out) is None and (out / "config.json").is_file()
+    assert final_model.final_step(out) == (False, None)
+    assert final_model.remove_final(out) is None and (out / "config.json").is_file()
 
 
 def test_a_complete_runs_recorded_blocks_are_read_from_all_results(tmp_path):
@@ -82,7 +82,7 @@ def test_a_state_older_than_the_weights_is_said_so_not_unreadable(tmp_path):
     os.utime(out / "trainer_state.json", ns=(t - 10**9, t - 10**9))
     why = ("its trainer_state.json, of step 8, is older than its weights: a download's own or an earlier export's, "
            "or a copy that kept no modification times")
-    assert export.final_model(out) == (True, None, why) and export.final_step(out) == (True, None)
+    assert final_model.final_model(out) == (True, None, why) and final_model.final_step(out) == (True, None)
     ckpt = out / "checkpoint-9"
     assert closing.stopped(STOP, out, 9) == (
         f"{STOP}; {out} holds a final model exported when the run ended earlier (its step unknown: {why}): "

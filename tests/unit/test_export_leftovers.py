@@ -1,5 +1,5 @@
 """What the final export does with weights an earlier model left in output_dir (`convert.write_hf_dir` removes those
-under transformers' names, `export.leftover_weights` says so and names the others): a run started over there
+under transformers' names, `final_model.leftover_weights` says so and names the others): a run started over there
 (overwrite_output_dir) on an older run's sharded model, or a downloaded one carrying a pytorch_model.bin, left those
 beside its own, unsaid, and from_pretrained could read them; files under other names are the user's."""
 import logging
@@ -19,7 +19,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from pretrain_cli.models import build_model, convert  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
-from pretrain_cli.training import export  # noqa: E402
+from pretrain_cli.training import export, final_model  # noqa: E402
 from pretrain_cli.training.weight_source import load_weights  # noqa: E402
 from state_helpers import hf_state_dict  # noqa: E402
 
@@ -98,7 +98,7 @@ def test_only_transformers_names_are_replaced_and_the_rest_is_named(tmp_path, ca
     assert [n for n in users if not (out / n).is_file()] == []
     assert all((out / n).read_bytes() == b"earlier bytes" for n in users)
     assert sorted(p.name for p in out.iterdir()) == sorted([*users, "model.safetensors", "config.json", "args.json",
-                                                            "generation_config.json", *export.FINAL_FILES[:4]])
+                                                            "generation_config.json", *final_model.FINAL_FILES[:4]])
     said = [r.getMessage() for r in caplog.records if "final export:" in r.getMessage()]
     assert said[1:3] == [
         f"final export: removed {', '.join(sorted(set(theirs) - {'model.safetensors'}))} from {out}: an earlier "

@@ -8,7 +8,7 @@ import os
 from data_helpers import write_tokens
 from pretrain_cli import cli
 from pretrain_cli.orchestration.opened import overwritten
-from pretrain_cli.training import export
+from pretrain_cli.training import final_model
 
 
 def _earlier_run(out):
@@ -39,7 +39,7 @@ def test_check_names_what_overwrite_output_dir_removes(tmp_path, capsys):
                     f"PaddleNLP's overwrite_output_dir removes nothing (it only skips the resume): to keep them, choose another "
                     f"output_dir"], said
     assert all(p.exists() for p in (out / "checkpoint-2", out / "model.safetensors"))  # check removes nothing
-    assert export.remove_final(out).endswith("(model.safetensors, trainer_state.json, config.json): this run writes "
+    assert final_model.remove_final(out).endswith("(model.safetensors, trainer_state.json, config.json): this run writes "
                                              "its own at its end")  # what train removes is what check named
 
 

@@ -1,6 +1,6 @@
 """A run's output_dir that still holds the model it held before the run (a download, recorded in args.json as
 `weights_before_the_run`) beside the run's checkpoints: `eval --model K` reads its newest checkpoint (saying so), and
-`pretrain-cli export K` and `continue_training` from K ask the same judge (`export.unfinished_run`): they refuse,
+`pretrain-cli export K` and `continue_training` from K ask the same judge (`final_model.unfinished_run`): they refuse,
 naming that checkpoint. Before, export wrote the download out bit for bit and continue_training loaded it as the
 run's pretrained weights, neither saying so."""
 import json
@@ -12,7 +12,7 @@ from pretrain_cli.config.parser import parse_config
 from pretrain_cli.errors import UserError
 from pretrain_cli.orchestration.opened import build_model_config
 from pretrain_cli.orchestration.recorded import model_argument
-from pretrain_cli.training import export
+from pretrain_cli.training import export, final_model
 
 paddle = runtime.import_paddle()
 
@@ -27,7 +27,7 @@ CFG = ModelConfig(model_type="qwen2", vocab_size=51, hidden_size=16, intermediat
 def _run_over_a_download(tmp_path):
     out = tmp_path / "K"
     convert.save_hf(build_model(CFG), CFG, str(out))  # a model directory, as downloaded
-    record = {"arguments": {}, "run": {}, export.BEFORE_RUN: export.weights_before_the_run(out)}
+    record = {"arguments": {}, "run": {}, final_model.BEFORE_RUN: final_model.weights_before_the_run(out)}
     (out / "args.json").write_text(json.dumps(record))  # a run started there (overwrite_output_dir)
     (out / "checkpoint-20").mkdir()  # and saved, then stopped before its export
     return out

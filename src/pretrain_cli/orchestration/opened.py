@@ -25,7 +25,7 @@ def build_model_config(args: Arguments):
 
     name, out = args.model.model_name_or_path, args.training.output_dir  # (resuming in it: its checkpoint is read)
     if args.model.continue_training and name and not (out and Path(name).resolve() == Path(out).resolve()):
-        from pretrain_cli.training.export import unfinished_run
+        from pretrain_cli.training.final_model import unfinished_run
 
         unfinished_run(name, "model_name_or_path: ", "point it at")  # what eval reads there, never a download
     model_dir = resolve_model_dir(args.model.model_name_or_path)
@@ -301,7 +301,7 @@ def overwritten(run, start: int, reads=()) -> str | None:
     into this run's records."""
     from pretrain_cli.counts import count
     from pretrain_cli.run_dir import ARGS_FILE, list_checkpoints
-    from pretrain_cli.training.export import earlier_final
+    from pretrain_cli.training.final_model import earlier_final
 
     out = Path(run.output.output_dir)
     if not (run.loop.do_train and run.output.overwrite and out.is_dir()):

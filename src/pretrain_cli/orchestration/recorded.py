@@ -24,9 +24,9 @@ def trained_model(output_dir) -> tuple[Path | None, str | None]:
     saying so and naming the newer one passed over, with the `--model` that reads it where its weights are whole
     without its lost index (`weights_without_index`) (a run stopped before its export still has a model to evaluate
     or sample; the user must know it is not the final one, nor the model the directory held before the run:
-    `export.whole_final` judges); (None, None) when it holds neither yet."""
+    `final_model.whole_final` judges); (None, None) when it holds neither yet."""
     from pretrain_cli import run_dir
-    from pretrain_cli.training.export import before_the_run, final_step, whole_final
+    from pretrain_cli.training.final_model import before_the_run, final_step, whole_final
 
     out = Path(output_dir)
     if whole_final(out):
@@ -83,7 +83,7 @@ def model_argument(name: str, key: str = "--model") -> tuple[str, str | None]:
     """(model, note) for `--model NAME`: a run's output_dir without its final export (args.json and checkpoint-N/
     but no weights of its own) stands for its newest checkpoint, as `eval --config` takes it; any other name is
     returned as given, for `resolve_model_dir` to judge."""
-    from pretrain_cli.training.export import before_the_run, whole_final
+    from pretrain_cli.training.final_model import before_the_run, whole_final
 
     path = Path(name)
     if not path.is_dir() or record_path(path) is None:

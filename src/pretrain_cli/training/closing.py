@@ -115,9 +115,9 @@ def stopped(message: str, output_dir, step: int) -> str:
     """A stop's line (`run_end.stop_message`) with what reads its weights until the run ends. `eval` and `generate`
     take a run directory without a final model for its newest checkpoint; one that holds an earlier end's final model
     (a run continued past its end, then stopped) stands for that model, so the checkpoint is named instead: whether
-    there is one is decided as `eval` decides it, by the weights alone (`export.final_model`), its step named where
+    there is one is decided as `eval` decides it, by the weights alone (`final_model.final_model`), its step named where
     its trainer state says it, else why it is unknown."""
-    from pretrain_cli.training.export import final_model
+    from pretrain_cli.training.final_model import final_model
 
     has, final, unknown = final_model(output_dir)
     if not has:

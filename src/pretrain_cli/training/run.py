@@ -332,12 +332,12 @@ def open_output_dir(r: RunConfig, record: dict, state: dict | None, comm, redo: 
                 log.info(f"overwrite_output_dir: removed {', '.join(p.name for p in removed)} (an earlier run's, "
                          f"past step {start}, where this run starts)")
             if (out / run_dir.ARGS_FILE).is_file() and not any(d and Path(d).resolve() == out.resolve() for d in reads):
-                from pretrain_cli.training.export import remove_final
+                from pretrain_cli.training.final_model import remove_final
 
                 if line := remove_final(out):
                     log.info(line)
         if r.loop.do_train:  # an eval-only run must not overwrite the training run's record
-            from pretrain_cli.training.export import BEFORE_RUN, weights_before_the_run
+            from pretrain_cli.training.final_model import BEFORE_RUN, weights_before_the_run
 
             if before := weights_before_the_run(out):  # a download's weights: no model of this run's (`final_step`)
                 record[BEFORE_RUN] = before
