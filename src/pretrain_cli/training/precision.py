@@ -27,7 +27,12 @@ ways. A skipped step (non-finite or a spike) also sets the flag `update` reads
 from __future__ import annotations
 
 import contextlib
+import logging
+
 from pretrain_cli.run_config import Precision
+from pretrain_cli.run_dir import STATE_FILE
+
+log = logging.getLogger(__name__)
 
 
 class Fp32:
@@ -154,6 +159,28 @@ class Amp(Fp32):
 
         self.scaler._scale = paddle.to_tensor(np.array(state["scale"], np.float32))  # 0-D, as `build_amp` makes it
         self.scaler._incr_count, self.scaler._decr_count = int(state["incr_count"]), int(state["decr_count"])
+
+
+def resume_loss_scale(amp, saved, ckpt) -> None:
+    """fp16: the loss scale and counts of checkpoint `ckpt` (a `CheckpointDir`, or None) (`Amp.state_dict`; judged
+    valid when the state was read, `checkpoint_dir.loss_scaler_problem`), on a resume and a spike rollback alike: the scale goes on where
+    the checkpoint left it, whatever this run's scale_loss (where a run's scale starts), said in a note where the
+    checkpoint's run was given another. A state without them (a run without fp16 wrote it, or a version that did
+    not keep them) leaves the scaler as it is, at scale_loss, with a note."""
+    if not amp.loss_scaling:
+        return
+    where = ckpt.path / STATE_FILE if ckpt is not None else "the trainer state"
+    start = amp.precision.loss_scale
+    if saved is None:
+        log.info(f"note: {where} holds no fp16 loss scale (written without fp16, or by a version that did not "
+                 f"keep it); the scale goes on from {amp.state_dict()['scale']:g}")
+        return
+    given = ckpt.run("precision", "loss_scale") if ckpt is not None else None
+    if isinstance(given, (int, float)) and given != start:
+        log.info(f"note: scale_loss {start:g} differs from the {given:g} {ckpt.name}'s run was given: the scale "
+                 f"goes on from the checkpoint's {saved['scale']:g} (scale_loss is where a run's scale starts); "
+                 f"to start at {start:g}, delete `loss_scaler` from {where}")
+    amp.load_state_dict(saved)
 
 
 def build_amp(model, optimizer, precision: Precision):

@@ -30,7 +30,7 @@ from pretrain_cli.training.stop_signals import StopSignals
 from pretrain_cli.training.train_log import TrainLog
 from pretrain_cli.training.trainer_state import Collaborators, NonFiniteError, TrainerState
 from pretrain_cli.run_config import RunConfig
-from pretrain_cli.run_dir import STATE_FILE
+from pretrain_cli.training.precision import resume_loss_scale
 
 
 class Trainer(TrainLog):
@@ -108,28 +108,7 @@ class Trainer(TrainLog):
             if not (self.continued if wrote is None else wrote):
                 self.state.routers_from_init = list(self._expert_layers)
             self.state.routers_named = True
-        self._load_loss_scaler(d.get("loss_scaler"), ckpt)
-
-    def _load_loss_scaler(self, saved, ckpt: CheckpointDir | None) -> None:
-        """fp16: the checkpoint's loss scale and counts (`precision.Amp.state_dict`; judged valid when the state was
-        read, `checkpoint_dir.loss_scaler_problem`), on a resume and a spike rollback alike: the scale goes on where
-        the checkpoint left it, whatever this run's scale_loss (where a run's scale starts), said in a note where the
-        checkpoint's run was given another. A state without them (a run without fp16 wrote it, or a version that did
-        not keep them) leaves the scaler as it is, at scale_loss, with a note."""
-        if not self.amp.loss_scaling:
-            return
-        where = ckpt.path / STATE_FILE if ckpt is not None else "the trainer state"
-        start = self.amp.precision.loss_scale
-        if saved is None:
-            log.info(f"note: {where} holds no fp16 loss scale (written without fp16, or by a version that did not "
-                     f"keep it); the scale goes on from {self.amp.state_dict()['scale']:g}")
-            return
-        given = ckpt.run("precision", "loss_scale") if ckpt is not None else None
-        if isinstance(given, (int, float)) and given != start:
-            log.info(f"note: scale_loss {start:g} differs from the {given:g} {ckpt.name}'s run was given: the scale "
-                     f"goes on from the checkpoint's {saved['scale']:g} (scale_loss is where a run's scale starts); "
-                     f"to start at {start:g}, delete `loss_scaler` from {where}")
-        self.amp.load_state_dict(saved)
+        resume_loss_scale(self.amp, d.get("loss_scaler"), ckpt)
 
     def release(self) -> None:
         """Let go of the model and optimizer before a rebuild, so the old and the new never hold memory at
