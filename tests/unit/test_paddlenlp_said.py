@@ -187,7 +187,7 @@ def test_dynamic_ntk_is_plain_rope_within_max_position_embeddings_and_refused_pa
         _rope_note(d, tmp_path, "--max_seq_length", "512", continued=True)
     assert str(e.value).startswith(f"{tmp_path / 'config.json'}: rope_scaling_type dynamic_ntk: sequences of 512 "
                                    f"tokens reach past max_position_embeddings 256, ")
-    assert str(e.value).endswith("lower --max_seq_length to at most 256, or remove rope_scaling_type to train plain "
+    assert str(e.value).endswith("lower --max_seq_length to at most 256, or remove rope_scaling_type for plain "
                                  "RoPE at every length")
 
 

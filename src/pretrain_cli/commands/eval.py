@@ -65,7 +65,9 @@ def _model_config(name: str, length: int, length_key: str, key: str = "--model")
     """(model_dir, cfg) without Paddle, so a bad model fails in well under a second; weights in files not read
     (pytorch_model.bin) are refused here, never evaluated at random init, and a config.json beside weights is
     judged as pretrained at windows of `length` tokens (a sliding window they reach: refused, naming
-    `length_key`). `key`: where the model was named (--model, or the --config file's output_dir)."""
+    `length_key`), and PaddleNLP's rope_scaling_type at that length as `train` judges it (dynamic_ntk past
+    max_position_embeddings: refused alike). `key`: where the model was named (--model, or the --config file's
+    output_dir)."""
     from pretrain_cli.config.presets import resolve_model_dir
     from pretrain_cli.models import config_checks
     from pretrain_cli.models.config import ModelConfig
@@ -76,9 +78,11 @@ def _model_config(name: str, length: int, length_key: str, key: str = "--model")
     refuse_unread(model_dir, key)
     pretrained = has_weights(model_dir)
     cfg = ModelConfig.from_file(model_dir, pretrained=pretrained)  # (the window: judged below)
-    if pretrained and (window := config_checks.window_note(cfg, os.path.join(model_dir, "config.json"), length,
-                                                           length_key)):
+    source = os.path.join(model_dir, "config.json")
+    if pretrained and (window := config_checks.window_note(cfg, source, length, length_key)):
         print(f"note: {window}", file=sys.stderr)
+    if rope := config_checks.paddlenlp_rope_note(cfg, source, length, length_key):
+        print(f"note: {rope}", file=sys.stderr)
     return model_dir, cfg
 
 

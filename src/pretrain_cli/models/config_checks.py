@@ -97,7 +97,8 @@ def paddlenlp_rope_note(cfg: "ModelConfig", source: str, length: int, key: str) 
     tokens, said: beside an HF llama3 rope_scaling it is ignored, as PaddleNLP's _init_rope ignores it; dynamic_ntk
     rotates as plain RoPE up to max_position_embeddings (LlamaDynamicNTKScalingRotaryEmbedding rescales only past
     it; a new model's range is raised to max_seq_length, as PaddleNLP's run_pretrain raises it), and past it is
-    refused, naming `key` (what sets the length)."""
+    refused, naming `key` (what sets the length). `train`, `eval` and `generate` judge it alike, each at the longest
+    sequence a forward reads."""
     kind = cfg.extra.get("rope_scaling_type")
     if kind in (None, ""):
         return None
@@ -114,7 +115,7 @@ def paddlenlp_rope_note(cfg: "ModelConfig", source: str, length: int, key: str) 
                 f"same model (config.json keeps the key)")
     raise UserError(f"{said}: sequences of {length} tokens reach past max_position_embeddings {limit}, where "
                     f"PaddleNLP's dynamic NTK grows the rotation's base with the length, which no RoPE here does; "
-                    f"lower {key} to at most {limit}, or remove rope_scaling_type to train plain RoPE at every length")
+                    f"lower {key} to at most {limit}, or remove rope_scaling_type for plain RoPE at every length")
 
 
 def misspelt_key(d: dict, model_type: str, read: frozenset, source: str = "config.json") -> None:
