@@ -93,8 +93,8 @@ def test_fit_keeps_the_files_layout_within_the_speed_models_error(capsys):
     text = format_fit(f).splitlines()
     assert text[2].startswith("  no change: the file's layout is within 1.5% of the fastest planned "
                               "(tensor_parallel_degree 1, gradient_accumulation_steps 8: 21,524 tokens/s), and a "
-                              "predicted gain under 6% does not change the file's degrees (no GPU run has validated "
-                              "the speed model closer than that): kept (36.24 GiB")
+                              "predicted gain under 6% does not change the file's degrees (a stated policy, not the "
+                              "planner's measured error on GPUs): kept (36.24 GiB")
     # where other keys change (eval, precision), the same words under the changes
     moved = {**f, "diff": [("eval_iters", 10, 5)]}
     assert f"  layout: {text[2][len('  no change: '):text[2].index(': kept') + 6]}" in format_fit(moved).splitlines()
