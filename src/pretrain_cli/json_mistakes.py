@@ -3,8 +3,8 @@
 Python's `json` names what its parser expected at the point it stopped ("Expecting property name enclosed in double
 quotes"), which is the same sentence for a `//` comment, a trailing comma and a single-quoted key, and the point is
 often past the cause (a trailing comma is reported at the `}` on the next line). The files users write by hand (an
-argument file, a model's config.json, a prompt .jsonl, a tokenizer_config.json, a shard index) are read by one judge so that every one of them names the
-mistake the same way, at the place to edit: `loads` is that one reader.
+argument file, a model's config.json, a prompt .jsonl, a tokenizer_config.json, a shard index) are read by one
+judge so that every one of them names the mistake the same way, at the place to edit: `loads` is that one reader.
 """
 from __future__ import annotations
 

@@ -163,10 +163,10 @@ class Amp(Fp32):
 
 def resume_loss_scale(amp, saved, ckpt) -> None:
     """fp16: the loss scale and counts of checkpoint `ckpt` (a `CheckpointDir`, or None) (`Amp.state_dict`; judged
-    valid when the state was read, `checkpoint_dir.loss_scaler_problem`), on a resume and a spike rollback alike: the scale goes on where
-    the checkpoint left it, whatever this run's scale_loss (where a run's scale starts), said in a note where the
-    checkpoint's run was given another. A state without them (a run without fp16 wrote it, or a version that did
-    not keep them) leaves the scaler as it is, at scale_loss, with a note."""
+    valid when the state was read, `checkpoint_dir.loss_scaler_problem`), on a resume and a spike rollback alike: the
+    scale goes on where the checkpoint left it, whatever this run's scale_loss (where a run's scale starts), said in
+    a note where the checkpoint's run was given another. A state without them (a run without fp16 wrote it, or a
+    version that did not keep them) leaves the scaler as it is, at scale_loss, with a note."""
     if not amp.loss_scaling:
         return
     where = ckpt.path / STATE_FILE if ckpt is not None else "the trainer state"

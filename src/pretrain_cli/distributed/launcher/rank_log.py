@@ -39,9 +39,10 @@ TRACEBACK, GROUP = "Traceback (most recent call last):", "  + Exception Group Tr
 # with gloo's C++ abort (`terminate called ... gloo::TimeoutException`, its `what():`), Python's fatal-error report, a
 # Python traceback (after a peer's loss, the reaction: gloo's timeout raised in a Python collective, `RuntimeError:
 # [.../gloo/...] TIMEOUT`; the console holds one to its exception line and leaves it out only where that is gloo's or
-# the rank recorded an uncaught error, `failure_report._Console`), Paddle's C++ traceback, its summary and FatalError, or holding gloo's own forms
-# (its C++ names, Paddle's gloo process group, gloo's enforce) or a place in gloo's sources, wherever gloo was built
-# (the wheel's `/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:589`, a build's `gloo/transport/tcp/pair.cc:589`)
+# the rank recorded an uncaught error, `failure_report._Console`), Paddle's C++ traceback, its summary and FatalError,
+# or holding gloo's own forms (its C++ names, Paddle's gloo process group, gloo's enforce) or a place in gloo's sources,
+# wherever gloo was built (the wheel's `/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:589`, a build's
+# `gloo/transport/tcp/pair.cc:589`)
 CRASH_STARTS = ("terminate called", "what():", "Fatal Python error", TRACEBACK, GROUP.lstrip(), "C++ Traceback",
                 "Error Message Summary", "FatalError")
 GLOO = ("gloo::", "process_group_gloo", "[enforce fail at")
