@@ -14,8 +14,10 @@ attempt, under MAX_RESTART; an overwrite's own checkpoint-8 is not the one of th
 restart OUTPUT_DIR BEFORE [FILE ARGS...]` prints the checkpoint a MAX_RESTART restart passes as resume_from_checkpoint
 (an empty line: none), then what it starts from (`distributed/launcher/rerun.py`: it said "resuming from the newest
 checkpoint" when output_dir held none), then the user's own output settings, which the restart's ranks name in their
-re-run advice (`rerun.as_set`). Both read the user's arguments as the run does (`config/parser.parse_config`:
-`--resume_from_checkpoint null`, `--resume-from-checkpoint`), output_dir from them over OUTPUT_DIR."""
+re-run advice (`rerun.as_set`), then `keep-overwrite` where the restart keeps the user's overwrite_output_dir: true
+(this job has written no checkpoint yet), else an empty line (launch.sh passes `--overwrite_output_dir false`). Both
+read the user's arguments as the run does (`config/parser.parse_config`: `--resume_from_checkpoint null`,
+`--resume-from-checkpoint`), output_dir from them over OUTPUT_DIR."""
 import os
 import sys
 import tempfile
@@ -23,6 +25,8 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 from pretrain_cli.distributed.launcher import account, job, ports  # noqa: E402
+
+KEEP_OVERWRITE = "keep-overwrite"  # `restart`'s fourth line: launch.sh passes no `--overwrite_output_dir false`
 
 
 def main(argv: list[str]) -> int:
@@ -47,10 +51,11 @@ def main(argv: list[str]) -> int:
             pass
         return 0
     if len(argv) >= 3 and argv[0] == "restart":
-        resume, then, own = _restart(argv[1], set(argv[2].split()), argv[3:])
+        resume, then, own, keep = _restart(argv[1], set(argv[2].split()), argv[3:])
         print(resume or "")
         print(then)
         print(own)
+        print(KEEP_OVERWRITE if keep else "")
         return 0
     if len(argv) >= 2 and argv[0] == "checkpoints":
         from pretrain_cli.distributed.launcher.rerun import identities
@@ -109,14 +114,15 @@ def _output_dir(given: str, arguments) -> str | None:
             given or None)
 
 
-def _restart(output_dir: str, before: set, args: list[str]) -> tuple[str | None, str, str]:
+def _restart(output_dir: str, before: set, args: list[str]) -> tuple[str | None, str, str, bool]:
     """(what a MAX_RESTART restart passes as resume_from_checkpoint, or None; what follows "restart k of N, to"; the
     user's own overwrite_output_dir and resume_from_checkpoint as JSON, for the ranks' re-run advice: `rerun.as_set`,
-    empty where the arguments do not parse): it
+    empty where the arguments do not parse; whether it keeps the user's overwrite_output_dir: true): it
     runs with `--overwrite_output_dir false`, so it resumes from the checkpoint resume_from_checkpoint names, or from
     the newest of output_dir this job wrote past it (none of `before`, the checkpoint directories output_dir held
-    when launch.sh began, by `rerun.identity`), else from output_dir's newest complete one, else starts from step 0
-    (`rerun.restart`)."""
+    when launch.sh began, by `rerun.identity`), else from output_dir's newest complete one, else starts from step 0;
+    under the user's overwrite_output_dir: true, until this job wrote a checkpoint, it runs the user's command as
+    typed, which starts over with the overwrite as the first attempt did (`rerun.restart`)."""
     from pretrain_cli.distributed.launcher import rerun
 
     import json
@@ -125,7 +131,9 @@ def _restart(output_dir: str, before: set, args: list[str]) -> tuple[str | None,
     named = arguments.get("resume_from_checkpoint") if arguments is not None else None
     own = "" if arguments is None else json.dumps({"overwrite": arguments.get("overwrite_output_dir") is True,
                                                    "resume_from": str(named) if named else None})
-    return (*rerun.restart(_output_dir(output_dir, arguments), named or None, before), own)
+    overwrite = arguments is not None and arguments.get("overwrite_output_dir") is True
+    resume, then, keep = rerun.restart(_output_dir(output_dir, arguments), named or None, before, overwrite)
+    return resume, then, own, keep
 
 
 if __name__ == "__main__":

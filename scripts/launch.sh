@@ -14,8 +14,9 @@
 #      with MASTER set <output_dir>/log/node-<NODE_RANK> (node-<host name> without NODE_RANK), so nodes sharing
 #      output_dir keep their workerlog.N apart),
 #      MAX_RESTART (default 0: restart the job up to N times when it fails; each restart resumes from the newest
-#      checkpoint of output_dir, or from resume_from_checkpoint's until the job wrote one past it; a usage error (exit 2) is never retried, a failed rendezvous always is, up to 3
-#      times; also passed to the launcher as --max_restart),
+#      checkpoint of output_dir, or from resume_from_checkpoint's until the job wrote one past it; under
+#      overwrite_output_dir: true it starts over until the job wrote one; a usage error (exit 2) is never retried,
+#      a failed rendezvous always is, up to 3 times; also passed to the launcher as --max_restart),
 #      RENDEZVOUS_TIMEOUT (several nodes: seconds a node waits at MASTER for the others, default 600, 0: no limit;
 #      then one line says how far the meeting got, exit 75; a wait is said after 10 s),
 #      LAUNCH_LOG_LEVEL (the launcher's own log level, default WARNING: its ~30 `LAUNCH INFO` lines of
@@ -144,7 +145,7 @@ max_restart=${MAX_RESTART:-0}
 # stop the others; its own --max_restart only acts with an etcd master, docs/DISTRIBUTED.md). A restart
 # resumes from the newest complete checkpoint (or resume_from_checkpoint's, until the job wrote a later one):
 # `--overwrite_output_dir false` makes sure a run started with overwrite_output_dir: true continues rather than
-# starting over.
+# starting over, once the job has written a checkpoint of its own (before that, it starts over: job.py restart).
 export PRETRAIN_CLI_VERDICTS=$verdicts
 # the checkpoints output_dir holds before the first attempt (each as name:inode:ctime: under overwrite_output_dir the
 # first attempt removes another run's checkpoint-8 and writes its own of that name): past a named
@@ -198,15 +199,18 @@ while true; do
     exit "$code"
   fi
   attempt=$((attempt + 1))
-  extra=(--overwrite_output_dir false)
   # what it starts from: output_dir's newest complete checkpoint, or step 0 when it holds none; with
   # resume_from_checkpoint set, that one, or the newest this job wrote past it (passed as resume_from_checkpoint:
   # as named, it is refused beside them); and the user's own overwrite_output_dir and resume_from_checkpoint, which the
-  # ranks' advice to re-run the same command names, not the restart's (rerun.as_set)
-  resume=""; from=""; own=""
-  { read -r resume; read -r from; read -r own; } < <("$PY" "$HERE/job.py" restart "$out" "$before" "$@" 2>/dev/null) \
-    || true
+  # ranks' advice to re-run the same command names, not the restart's (rerun.as_set). Under the user's
+  # overwrite_output_dir: true, until the job wrote a checkpoint, the user's command as typed (keep-overwrite): it
+  # starts over as the first attempt did, which may have failed before its overwrite removed another run's checkpoints
+  resume=""; from=""; own=""; keep=""
+  { read -r resume; read -r from; read -r own; read -r keep; } \
+    < <("$PY" "$HERE/job.py" restart "$out" "$before" "$@" 2>/dev/null) || true
   export PRETRAIN_CLI_AS_SET=$own
+  extra=()
+  if [ "$keep" != "keep-overwrite" ]; then extra+=(--overwrite_output_dir false); fi
   if [ -n "$resume" ]; then extra+=(--resume_from_checkpoint "$resume"); fi
   echo "launch.sh: the job failed (exit $code); restart $attempt of $max_restart, to ${from:-resume from the newest" \
        "complete checkpoint of output_dir, if any}" >&2

@@ -89,7 +89,8 @@ def test_a_later_checkpoint_output_dir_held_before_the_job_began_is_not_taken_fo
 def test_under_overwrite_the_checkpoint_the_first_attempt_wrote_in_place_of_another_runs_is_its_own(tmp_path):
     """overwrite_output_dir: true removes another run's checkpoint-8 past the named checkpoint and the first attempt
     publishes its own checkpoint-8: by name it was taken for the other run's, and the restart refused (exit 2,
-    advising the overwrite the user had set). The very directory held before the job began is still another run's."""
+    advising the overwrite the user had set). The very directory held before the job began is still another run's,
+    which the restart's overwrite removes."""
     named = _source(tmp_path)
     (tmp_path / "cfg.json").write_text(json.dumps({"output_dir": "out", "resume_from_checkpoint": named,
                                                    "overwrite_output_dir": True}))
@@ -98,9 +99,11 @@ def test_under_overwrite_the_checkpoint_the_first_attempt_wrote_in_place_of_anot
     assert calls[1].endswith("cfg.json --overwrite_output_dir false --resume_from_checkpoint out/checkpoint-8"), calls
     assert ("restart 1 of 1, to resume from out/checkpoint-8, the newest complete checkpoint (this job's own, past "
             "src/checkpoint-4, which resume_from_checkpoint names)") in out.stderr, out.stderr
-    out, calls = _launch(tmp_path)  # the first attempt failed before its overwrite: not this job's
-    assert calls[1].endswith("cfg.json --overwrite_output_dir false"), calls
-    assert "held checkpoint-8 past it before this job began (another run's)" in out.stderr, out.stderr
+    # the first attempt failed before its overwrite: not this job's, so the restart keeps the user's overwrite, which
+    # removes it (it was refused beside it: test_restart_overwrite)
+    out, calls = _launch(tmp_path)
+    assert calls[1].endswith("cfg.json"), calls
+    assert "the overwrite removes checkpoint-8, which out held before this job began" in out.stderr, out.stderr
 
 
 def test_the_users_arguments_are_read_as_the_run_reads_them(tmp_path):

@@ -10,7 +10,8 @@ here: this runs in the forked watchers, which must answer at once. Plain os call
 A named checkpoint beside later ones in output_dir is refused without overwrite (`orchestration.resumed.
 later_checkpoints`), so there the advice names the newest instead (`past`); and a MAX_RESTART restart of launch.sh,
 whose own attempt wrote them, resumes from the newest (`restart`): it said "to resume from src-ckpt-4" and was refused,
-exit 2, its own checkpoint-8 called another run's."""
+exit 2, its own checkpoint-8 called another run's; under the user's overwrite_output_dir: true a restart starts over
+as its first attempt did until the job wrote a checkpoint (that attempt may have failed before its overwrite)."""
 from __future__ import annotations
 
 import json
@@ -124,19 +125,49 @@ def identities(output_dir) -> list[str]:
     return [i for i in found if i]
 
 
-def restart(output_dir, resume_from, before) -> tuple[str | None, str]:
+def restart(output_dir, resume_from, before, overwrite: bool = False) -> tuple[str | None, str, bool]:
     """(the checkpoint launch.sh's MAX_RESTART restart passes as resume_from_checkpoint, or None; what follows "restart
-    k of N, to"). The restart runs with overwrite_output_dir false. Past a named checkpoint lie only checkpoints this
+    k of N, to"; whether it keeps the user's overwrite_output_dir: true, else it runs with overwrite_output_dir false).
+    A restart continues as the first attempt would have. Past a named checkpoint lie only checkpoints this
     job wrote (none of them among `before`, the `identity` of each checkpoint output_dir held when launch.sh began):
     it continues from the newest; the very directories held before it began are another run's, which the restart is
-    refused beside as the first attempt was (unless that attempt failed before its check, or before an overwrite
-    removed them)."""
+    refused beside as the first attempt was (unless that attempt failed before its check). Under the user's
+    overwrite_output_dir: true it continues from a checkpoint this job wrote, and, where there is none, starts over
+    with the overwrite as the first attempt did: passed overwrite false, a first attempt that failed before its
+    overwrite had removed another run's checkpoints was refused beside them (named) or resumed another run's newest."""
+    if overwrite:
+        removed = _overwritten(output_dir, resume_from)  # (until this job wrote one: another run's)
+        if not [p for p in removed if identity(p) not in before]:
+            return None, _over_again(output_dir, resume_from, removed), True
     beyond = past(output_dir, resume_from)
     if not beyond:
-        return None, resumes(output_dir, False, resume_from)
+        return None, resumes(output_dir, False, resume_from), False
     theirs = [p.name for p in beyond if identity(p) in before]
     if theirs:
         return None, (f"resume from {resume_from}, the checkpoint resume_from_checkpoint names, which is refused: "
-                      f"{output_dir} held {', '.join(theirs)} past it before this job began (another run's)")
+                      f"{output_dir} held {', '.join(theirs)} past it before this job began (another run's)"), False
     return str(beyond[-1]), (f"resume from {beyond[-1]}, the newest complete checkpoint (this job's own, past "
-                             f"{resume_from}, which resume_from_checkpoint names)")
+                             f"{resume_from}, which resume_from_checkpoint names)"), False
+
+
+def _overwritten(output_dir, resume_from) -> list[Path]:
+    """The checkpoints of output_dir that overwrite_output_dir removes as a run starts (`training.checkpoint.
+    remove_past`): past the step of the named checkpoint, else all of them."""
+    if resume_from:
+        return past(output_dir, resume_from)
+    try:
+        return [p for _, p in run_dir.list_checkpoints(output_dir)] if output_dir else []
+    except OSError:
+        return []
+
+
+def _over_again(output_dir, resume_from, removed: list[Path]) -> str:
+    """What follows "restart k of N, to" when the restart keeps the user's overwrite: where it starts, and what the
+    overwrite removes (all of it held before this job began)."""
+    gone = (f"; the overwrite removes {', '.join(p.name for p in removed)}, which {output_dir} held before this job "
+            f"began" if removed else "")
+    if resume_from:
+        return (f"resume from {resume_from}, the checkpoint resume_from_checkpoint names, with overwrite_output_dir: "
+                f"true as the first attempt (this job has written no checkpoint past it{gone})")
+    return (f"start again from step 0, with overwrite_output_dir: true as the first attempt (this job has written no "
+            f"checkpoint{gone})")
