@@ -113,16 +113,22 @@ def _wait_for_saves(saver: checkpoint.Saver, quiet: bool = False) -> None:
 
 
 def stop_message(output, step: int) -> str:
-    """`output`: the run's `Output`; where the same command starts is `rerun.judge`'s (the watchers' advice too)."""
-    how = rerun.judge(output.overwrite, output.resume_from)
+    """`output`: the run's `Output`; where the user's own command starts again is `rerun.judge`'s (the watchers'
+    advice too), on the user's settings (`rerun.as_set`): a launch.sh MAX_RESTART restart runs with its own
+    `--overwrite_output_dir false` and perhaps `--resume_from_checkpoint`, which the user never set. A named checkpoint
+    beside the later ones in output_dir (this stop's among them) is refused without overwrite (`rerun.past`)."""
+    output_dir, overwrite, resume_from = rerun.as_set(output.output_dir, output.overwrite, output.resume_from)
+    how, here = rerun.judge(overwrite, resume_from), run_dir.checkpoint_dir(output_dir, step)
+    if how == rerun.NAMED and not overwrite and (beyond := rerun.past(output_dir, resume_from)):
+        return (f"stopped at step {step} and saved checkpoint-{step}; the same command is refused "
+                f"(resume_from_checkpoint names {resume_from}, and {output_dir} holds "
+                f"{', '.join(p.name for p in beyond)} past its step): to continue from here, set it to {here}")
     if how == rerun.NAMED:
         return (f"stopped at step {step} and saved checkpoint-{step}; the same command resumes from "
-                f"{output.resume_from}, which resume_from_checkpoint names: to continue from here, set it to "
-                f"{run_dir.checkpoint_dir(output.output_dir, step)}")
+                f"{resume_from}, which resume_from_checkpoint names: to continue from here, set it to {here}")
     if how == rerun.OVER:
         return (f"stopped at step {step} and saved checkpoint-{step}; with overwrite_output_dir: true the same "
-                f"command starts again from step 0: to continue, set resume_from_checkpoint to "
-                f"{run_dir.checkpoint_dir(output.output_dir, step)}")
+                f"command starts again from step 0: to continue, set resume_from_checkpoint to {here}")
     return f"stopped at step {step} and saved; re-run the same command to resume from checkpoint-{step}"
 
 
