@@ -15,7 +15,9 @@ The attention itself is the kernels' (`kernels.attention` / `attention_document`
 kernel, flash attention on GPU, the materialised reference), which take one head width for q, k and v: the
 value heads are zero-padded to the query width (the padded output columns are zero and dropped, as
 transformers' flash path does), and the queries are pre-multiplied so that the kernels' `1/√width` becomes
-MLA's softmax scale (`qk_head_dim^-½`, YaRN's `mscale_all_dim` correction included: `rope_scaling`).
+MLA's softmax scale (`qk_head_dim^-½`, YaRN's `mscale_all_dim` correction included: `rope_scaling`). On a GPU that
+width is flash-attn's head width: DeepSeek-V2/V3's 192 runs on every Ampere-or-later GPU; one flash-attn refuses
+(`ops.kernels.flash_refuses`) materialises the scores.
 """
 from __future__ import annotations
 

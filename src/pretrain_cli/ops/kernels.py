@@ -19,6 +19,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable
 
+from pretrain_cli import runtime
 from pretrain_cli.ops import cpu_ops
 from pretrain_cli.ops.block_attention import block_forward
 from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_gpu
@@ -48,11 +49,55 @@ def one_dtype(q, k, v):
     return q, k, v
 
 
+# flash-attn's own checks (PaddlePaddle/flash-attention csrc/flash_attn/flash_attn.cu, the library Paddle's
+# flash_attn and flashmask_attention kernels call): CHECK_FWD_EXECTUABLE asserts head_size % 8 == 0 and <= 256,
+# CHECK_BWD_EXECTUABLE adds is_sm80 || is_sm90 above 192. Paddle's sdpa (nn/functional/sdpa.py 3.3.1,
+# check_head_dim_size_flash, check_flash_attention_hardware_support: SM 8.0-12.1) checks neither the 192 rule nor,
+# for flashmask_attention (nn/functional/flash_attention.py), anything: a run stopped mid-step where they failed.
+FLASH_BACKWARD_WIDE = ((8, 0), (9, 0))  # the compute capabilities with flash-attn's backward above 192
+_REFUSED: set = set()  # the reasons already warned about
+
+
+def flash_refuses(head_dim: int, capability=None) -> str | None:
+    """Why flash attention cannot run (forward and backward) at this head width on this GPU, or None where it can.
+    `capability` None: this process's GPU's (`runtime.gpu_capability`; unknown counts as able). MLA's width is
+    its padded one (`models.mla`: 192 for DeepSeek-V2/V3, which every Ampere-or-later GPU takes)."""
+    if head_dim % 8 or head_dim > 256:
+        return f"head_dim {head_dim} (flash-attn takes multiples of 8 up to 256)"
+    if head_dim <= 192:
+        return None
+    cap = runtime.gpu_capability() if capability is None else capability
+    if cap is None or tuple(cap) in FLASH_BACKWARD_WIDE:
+        return None
+    return (f"head_dim {head_dim} on compute capability {cap[0]}.{cap[1]} (flash-attn's backward above 192 runs "
+            f"on 8.0 and 9.0 only)")
+
+
+def materialise(head_dim: int) -> bool:
+    """True where flash attention refuses `head_dim` (`flash_refuses`), with one warning per reason a process:
+    the caller takes the path that materialises the scores, which `plan` did not count."""
+    why = flash_refuses(head_dim)
+    if why is None:
+        return False
+    if why not in _REFUSED:
+        _REFUSED.add(why)
+        warnings.warn(f"attention on GPU: flash-attn refuses {why}, so this run materialises the attention scores, "
+                      f"which plan did not count", RuntimeWarning, stacklevel=3)
+    return True
+
+
 def attention_sdpa_causal(q, k, v):
-    """GPU path: mask=None + is_causal lets Paddle dispatch to flash-attn-2 for fp16/bf16 (q, k, v of one dtype)."""
+    """GPU path: mask=None + is_causal lets Paddle dispatch to flash-attn-2 for fp16/bf16 (q, k, v of one dtype).
+    A head width flash-attn refuses (`flash_refuses`): sdpa takes its math path itself where the width is not a
+    multiple of 8 up to 256 (`check_head_dim_size_flash`), and `attention_sdpa_mask` runs where sdpa would still
+    pick flash-attn (above 192 off compute capability 8.0 / 9.0: the backward would stop the run)."""
     import paddle.nn.functional as F
 
-    return F.scaled_dot_product_attention(*one_dtype(q, k, v), is_causal=True)
+    q, k, v = one_dtype(q, k, v)
+    d = q.shape[-1]
+    if materialise(d) and d % 8 == 0 and d <= 256:
+        return attention_sdpa_mask(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 # ---------------------------------------------------------------- fused paths (GPU only; CI runs them on CPU behind
@@ -82,12 +127,15 @@ def attention_flashmask(q, k, v, doc_start):  # pragma: no cover - GPU only
 
     With `causal=True` and `startend_row_indices` `[bsz, 1, seq_len, 1]`, rows at and below index r of key
     column j are masked; r = the end of key j's document, which is the number of rows whose document starts
-    at or before j (starts are sorted). GQA is handled by the op.
+    at or before j (starts are sorted). GQA is handled by the op. A head width flash-attn refuses
+    (`flash_refuses`) takes `attention_sdpa_mask` with the same documents: the kernel would stop the run.
     """
     import paddle
     from paddle.nn.functional import flashmask_attention
 
     q, k, v = one_dtype(q, k, v)
+    if materialise(q.shape[-1]):
+        return attention_sdpa_mask(q, k, v, doc_start)
     bsz, seq_len = doc_start.shape
     cols = paddle.arange(seq_len, dtype="int64").unsqueeze(0).expand([bsz, seq_len])  # [bsz, seq_len]
     ends = paddle.searchsorted(doc_start, cols, right=True, out_int32=True)  # [bsz, seq_len]
@@ -103,8 +151,8 @@ def block_forward_flash(q, k, v, visible=None, causal: bool = False):  # pragma:
 
     q, k, v = one_dtype(q, k, v)
     d = q.shape[-1]
-    if (visible is not None and not causal) or q.dtype not in (paddle.float16, paddle.bfloat16) or d % 8 or d > 256:
-        return block_forward(q, k, v, visible, causal)  # flash attention: fp16/bf16, head_dim a multiple of 8, ≤ 256
+    if (visible is not None and not causal) or q.dtype not in (paddle.float16, paddle.bfloat16) or materialise(d):
+        return block_forward(q, k, v, visible, causal)  # flash attention: fp16/bf16, a head width it takes
     bsz, n_kv, n_rep, q_len, _ = q.shape
     k_len = k.shape[3]
     if causal and q_len != k_len:
