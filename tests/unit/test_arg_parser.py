@@ -8,7 +8,7 @@ from pretrain_cli.config.keys import KEYS
 from pretrain_cli.config.parser import parse_config
 from pretrain_cli.errors import UserError
 from pretrain_cli.config.parallel import parse_sharding
-from pretrain_cli.data.samples import parse_split
+from pretrain_cli.data.splits import parse_split
 from pretrain_cli.config.resolve import resolve
 from pretrain_cli.run_config import Target
 from run_helpers import model_config, resolve_run

@@ -10,7 +10,8 @@ from pretrain_cli.data import build_datasets
 from pretrain_cli.data.indexed import open_token_file
 from pretrain_cli.data.indexed_writer import IndexedDatasetWriter
 from pretrain_cli.data.loader import micro_batch
-from pretrain_cli.data.samples import PackedDataset, parse_split, split_bounds
+from pretrain_cli.data.samples import PackedDataset
+from pretrain_cli.data.splits import parse_split, split_bounds
 from pretrain_cli.errors import UserError
 from sample_corpus import corpus
 

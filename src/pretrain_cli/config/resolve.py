@@ -23,7 +23,7 @@ from pretrain_cli.config.schedule import wsd_schedule
 from pretrain_cli.run_config import (DataConfig, Loop, ModelSource, OptimizerConfig, Output, Recompute, RunConfig,
                                      Schedule, SpikeGuardConfig, Target)
 from pretrain_cli.run_layout import ParallelConfig
-from pretrain_cli.data.samples import parse_split
+from pretrain_cli.data.splits import parse_split
 from pretrain_cli.counts import count
 from pretrain_cli.errors import Problems
 from pretrain_cli.training import trackers

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pretrain_cli.counts import count, first_few
 from pretrain_cli.data.blend import BlendedDataset, parse_input_dir, source_name
 from pretrain_cli.data.indexed import IndexedDataset, check_token_ids, open_token_file
-from pretrain_cli.data.samples import SPLIT_NAMES, parse_split, special_ids, split_datasets
+from pretrain_cli.data.samples import special_ids
+from pretrain_cli.data.splits import SPLIT_NAMES, parse_split, split_datasets
 from pretrain_cli.errors import UserError
 
 __all__ = ["DataSplits", "build_datasets", "check_tokenizer", "open_token_file", "IndexedDataset", "BlendedDataset"]

@@ -25,7 +25,7 @@ def _train_reads(input_dir, fractions, started: str) -> list[tuple] | None:
     its documents)."""
     from pretrain_cli.data import open_token_file
     from pretrain_cli.data.blend import parse_input_dir
-    from pretrain_cli.data.samples import split_bounds
+    from pretrain_cli.data.splits import split_bounds
 
     text = str(input_dir).strip()
     if len(text.split()) == 1:  # (the one word parse_input_dir looks up on disk: a directory's token files)
