@@ -17,10 +17,21 @@ rank 0 failed a save and removed its checkpoint-N.tmp/, such a rank still writin
 record) and the failed save left it behind: that rank removes it as it ends with an error
 (`checkpoint.Saver.abandon`), unless it holds trainer_state.json or every rank's record (`publishable`: rank 0 may be
 renaming it).
+
+While a write is in flight the rank's progress record says which checkpoint it writes (`progress.writing`): the
+rank's phase is its training thread's, so a rank stopped, killed or hung during the write was named "in
+forward/backward at step 8" by the watchers, with no word of checkpoint-6, which the stop leaves unsaved
+(`distributed.launcher.unsaved`). A wait for a write in flight that lasts `NOTE_AFTER` s is said once (`wait`): a
+stop by signal, the end of training and the next save wait for it in silence otherwise, which a slow or stalled file
+system made look like a hung stop.
 """
 from __future__ import annotations
 
 import threading
+
+from pretrain_cli.distributed.launcher import progress
+
+NOTE_AFTER = 10.0  # seconds of waiting for a write in flight before the log says what it waits for
 
 
 class AsyncWriter:
@@ -29,31 +40,45 @@ class AsyncWriter:
         self._error: BaseException | None = None
         self.last: str | None = None  # what the last write submitted wrote (`submit`'s `what`)
         self.failed = False  # whether that write raised
+        self._began = 0.0  # time.monotonic() of the last write's submit
 
-    def submit(self, what: str, fn) -> float:
-        """Start `fn()` in the background once the previous write is done; returns the seconds spent waiting."""
+    def submit(self, what: str, fn, step: int = 0) -> float:
+        """Start `fn()` in the background once the previous write is done; returns the seconds spent waiting.
+        `step`: the checkpoint it writes, in this rank's progress record while it runs (0: none said)."""
         import time
 
         start = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - start
 
-        self.last, self.failed = what, False
+        self.last, self.failed, self._began = what, False, time.monotonic()
 
         def work():
+            progress.writing(step)
             try:
                 fn()
             except BaseException as e:  # raised in the training thread by the next submit / wait
                 self._error, self.failed = e, True
+            finally:
+                progress.writing(None)
 
         self._thread = threading.Thread(target=work, name=f"save {what}", daemon=True)
         self._thread.start()
         return waited
 
     def wait(self) -> None:
-        """Block until the write in flight (if any) is published; raise its error, if it had one."""
+        """Block until the write in flight (if any) is published; raise its error, if it had one. Said once when the
+        wait lasts `NOTE_AFTER` s."""
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(NOTE_AFTER)
+            if self._thread.is_alive():
+                import time
+
+                from pretrain_cli.training.metrics import log
+
+                log.info(f"{self.last}: waiting for its background write (under way for "
+                         f"{time.monotonic() - self._began:.0f} s) to finish before going on")
+                self._thread.join()
             self._thread = None
         error, self._error = self._error, None
         if error is not None:

@@ -184,7 +184,8 @@ class Saver:
 
             staged = [(p, layout_out(self.staging.copy(p.name, local_value(p.tensor)), p.transpose)) for p in mine]
             world, layout = self.world_size, self.layout
-            self.writer.submit(f"checkpoint-{step}", lambda: self._write(step, rank, world, layout, staged, state))
+            self.writer.submit(f"checkpoint-{step}", lambda: self._write(step, rank, world, layout, staged, state),
+                               step)
         stall = time.perf_counter() - start
         kind = "async" if self.writer is not None else "sync"
         extra = f"; {waited:.3f} s of it waiting for the previous write" if waited > 0.001 else ""

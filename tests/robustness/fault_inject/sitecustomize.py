@@ -10,6 +10,11 @@ PCLI_FAULT = "<point>:<n>[,<point>:<n>...]": the n-th time (1-based) the process
   save_optimizer     an optimizer*.safetensors file is half written       -> SIGKILL
   enospc             an optimizer*.safetensors file is half written       -> raise OSError(ENOSPC)
   enospc_weights     a model*.safetensors file is half written            -> raise OSError(ENOSPC)
+  save_stall         a safetensors file of a save is about to be written  -> says `save_stall: writing <file>` on
+                                                                             stderr, then sleeps PCLI_STALL_SECONDS
+                                                                             (default an hour: a stalled file system;
+                                                                             with async_save only the background
+                                                                             writer waits)
                      (every safetensors file the product writes goes through pretrain_cli.storage.shard_files.write)
   publish            os.replace(... -> checkpoint-N) is about to run       -> SIGKILL
   curve_rename       os.replace(... -> loss_curve.png) is about to run on  -> SIGKILL
@@ -65,6 +70,11 @@ def _patch_shard_files(mod):
     original = mod.write
 
     def write(path, entries, metadata=None):
+        if _hit("save_stall"):
+            import time
+
+            print(f"save_stall: writing {os.fspath(path)}", file=sys.stderr, flush=True)
+            time.sleep(float(os.environ.get("PCLI_STALL_SECONDS", "3600")))
         optimizer = os.path.basename(os.fspath(path)).startswith("optimizer")
         kill = _hit("save_optimizer" if optimizer else "save_weights")
         full = _hit("enospc" if optimizer else "enospc_weights")

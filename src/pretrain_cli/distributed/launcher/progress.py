@@ -9,7 +9,10 @@ the rank, so a mark is a few stores into memory, no system call. The training lo
 (`mark`): `data` (the step's batches), `forward/backward`, `collective` (gradient sync, norm, the step's agreements),
 `save`, `save (waiting)` (a synchronous save's own files written, waiting for the other ranks' or rank 0's publish;
 rank 0 marks `save` again for its publish),
-`eval`; `start-up` until the first mark.
+`eval`; `start-up` until the first mark. The phase is the training thread's; a background write of a checkpoint
+(`async_save`) runs beside it, so the record also says which checkpoint such a write is writing (`writing`, from
+`training.async_save.AsyncWriter`): a rank stopped or killed during it was named "in forward/backward" with no word
+of the checkpoint its stop left unsaved (`distributed.launcher.unsaved`).
 
 **Hung** (`hung`): once a rank's mark is older than its phase's allowance (`allowance`: the `hang_timeout` key, else
 `DEFAULT` seconds, raised to `STEPS` of the run's own step time once that is known; `start-up`, `save` and
@@ -38,13 +41,16 @@ import mmap
 import os
 import statistics
 import struct
+import threading
 import time
 from collections import deque
 from pathlib import Path
 
 PHASES = ("start-up", "data", "forward/backward", "collective", "save", "save (waiting)", "eval",
           "done")  # done: its watcher stopped
-_FORMAT = "<qqdddqq"  # step, phase, since (wall time of the mark), step seconds, busy seconds, steps timed, pid
+# step, phase, since (wall time of the mark), step seconds, busy seconds, steps timed, pid, the step of the checkpoint
+# a background write is writing (0: none)
+_FORMAT = "<qqdddqqq"
 SIZE = struct.calcsize(_FORMAT)
 DEFAULT = 300.0  # seconds without progress before a rank is hung, when hang_timeout is not set
 STEPS = 20  # ... or this many of the run's own steps, when its steps are slower
@@ -76,9 +82,25 @@ class Record:
         self.saving = self.since  # wall time of the current (or last) save's first mark
         self.own = 0.0  # this step's own work so far: its data phase, its forward passes (`worked`)
         self.steps, self.busy = deque(maxlen=WINDOW), deque(maxlen=WINDOW)
+        self.writing = 0  # the checkpoint step a background write writes (`writing`), 0: none
+        # the training thread marks, the background writer sets `writing`: each writes the whole record from the
+        # fields, so without the lock one could write back the other's old value (a write ended, said in flight)
+        self._lock = threading.Lock()
         self._write()
 
     def mark(self, phase: str, step: int) -> None:
+        with self._lock:
+            self._mark(phase, step)
+
+    def write_of(self, step: int) -> None:
+        """A background write of checkpoint-`step` begins (0: this rank's background write ended); nothing once the
+        record is closed (a rank leaving with its error stops its watcher before its write has ended)."""
+        with self._lock:
+            if not self.map.closed:
+                self.writing = step
+                self._write()
+
+    def _mark(self, phase: str, step: int) -> None:
         now = time.time()
         if PHASES[self.phase] in SAVING and phase not in SAVING:
             self.saved = now - self.saving
@@ -101,10 +123,11 @@ class Record:
         # packed first, then copied in one slice: `struct.pack_into` zero-fills its target before it writes the
         # fields, and a watcher reading in between saw `since` 0, a rank "without progress for 1.8e9 s" (a false hang)
         self.map[:SIZE] = struct.pack(_FORMAT, self.step, self.phase, self.since, step_s, busy_s, len(self.busy),
-                                      os.getpid())
+                                      os.getpid(), self.writing)
 
     def close(self) -> None:
-        self.map.close()
+        with self._lock:
+            self.map.close()
 
 
 def open_record(path: Path) -> None:
@@ -127,6 +150,14 @@ def mark(phase: str, step: int) -> None:
         _CURRENT.mark(phase, step)
 
 
+def writing(step: int | None) -> None:
+    """This rank's background writer (`async_save`) begins writing checkpoint-`step`; None: its write ended (done,
+    published by rank 0's, or failed). Nothing when no watcher reads this rank."""
+    record = _CURRENT  # (read once: a thread of its own, while the rank may be closing it)
+    if record is not None:
+        record.write_of(step or 0)
+
+
 def last_save() -> float | None:
     """Seconds this rank's last finished save took (the wait of an asynchronous one: its copy), or None (none yet,
     or no watcher reads this rank: one process)."""
@@ -141,24 +172,25 @@ def worked(seconds: float) -> None:
 
 # ------------------------------------------------------------------ the watchers' side
 def read(shared: Path, ranks) -> dict:
-    """{rank: {"step", "phase", "since", "step_seconds", "busy_seconds", "timed", "pid"}} of the records in `shared`
-    (a rank whose record is not there yet is left out)."""
+    """{rank: {"step", "phase", "since", "step_seconds", "busy_seconds", "timed", "pid", "writing"}} of the records in
+    `shared` (a rank whose record is not there yet is left out; `writing`: the checkpoint step its background write
+    writes, 0: none)."""
     out = {}
     for r in ranks:
         try:
             raw = _settled(Path(shared) / f"progress.{r}")
-            step, phase, since, step_s, busy_s, timed, pid = struct.unpack(_FORMAT, raw[:SIZE])
+            step, phase, since, step_s, busy_s, timed, pid, writing_step = struct.unpack(_FORMAT, raw[:SIZE])
         except (OSError, struct.error):
             continue
         if not pid:  # created (zero-filled by its truncate) but not written yet: not there yet
             continue
         out[r] = {"step": step, "phase": PHASES[phase] if 0 <= phase < len(PHASES) else "?", "since": since,
-                  "step_seconds": step_s, "busy_seconds": busy_s, "timed": timed, "pid": pid}
+                  "step_seconds": step_s, "busy_seconds": busy_s, "timed": timed, "pid": pid, "writing": writing_step}
     return out
 
 
 def _settled(path: Path, tries: int = 5) -> bytes:
-    """The record's bytes as two reads in a row agree (a rank's write is a 56-byte copy that a read can cut through:
+    """The record's bytes as two reads in a row agree (a rank's write is a 64-byte copy that a read can cut through:
     a step from the new mark with the time of the old one)."""
     raw = path.read_bytes()
     for _ in range(tries):
@@ -199,6 +231,12 @@ def hung(records: dict, now: float, key: float | None, stopped=None) -> tuple[in
     r = min(live, key=lambda r: (r not in stopped, records[r]["phase"] in WAITING, r not in late,
                                  records[r]["since"]))
     return r, now - records[r]["since"]
+
+
+def writes(records: dict) -> dict:
+    """{str(rank): the checkpoint step its background write writes} of the ranks in `records` with one in flight (str
+    keys: a verdict is shared as JSON)."""
+    return {str(r): rec["writing"] for r, rec in records.items() if rec.get("writing")}
 
 
 def stragglers(records: dict) -> list[tuple[int, float]]:

@@ -131,8 +131,8 @@ class Evidence:
                 idle.append(r)
         if idle:
             r = min(idle, key=lambda r: (not self._stopped(r), records[r]["since"]))
-            return hung_cause(r, records[r], now - records[r]["since"])
-        return {"kind": "died", "ranks": causes, "statuses": statuses}
+            return hung_cause(r, records[r], now - records[r]["since"], progress.writes(records))
+        return with_writes({"kind": "died", "ranks": causes, "statuses": statuses}, progress.writes(records))
 
     def _stopped(self, r: int) -> bool:
         return self.stopped_now(r) or (self.shared / f"stopped.{r}").exists()
@@ -161,7 +161,15 @@ class Evidence:
         return self.decided() or cause
 
 
-def hung_cause(rank: int, record: dict, seconds: float) -> dict:
-    """The verdict naming `rank` as hung: no progress for `seconds` since its last mark (`record`)."""
-    return {"kind": "hung", "ranks": [rank], "statuses": [None], "seconds": seconds, "phase": record["phase"],
-            "step": record["step"]}
+def hung_cause(rank: int, record: dict, seconds: float, writing: dict | None = None) -> dict:
+    """The verdict naming `rank` as hung: no progress for `seconds` since its last mark (`record`); `writing`: the
+    host's background checkpoint writes in flight (`with_writes`)."""
+    return with_writes({"kind": "hung", "ranks": [rank], "statuses": [None], "seconds": seconds,
+                        "phase": record["phase"], "step": record["step"]}, writing)
+
+
+def with_writes(cause: dict, writing: dict | None) -> dict:
+    """`cause` with the background checkpoint writes (`async_save`) its host's ranks had in flight when it was decided
+    (`progress.writes`: {str(rank): step}), if any: the stop of every rank of the host leaves them unsaved, which the
+    line says (`unsaved.clause`)."""
+    return {**cause, "writing": dict(writing)} if writing else cause

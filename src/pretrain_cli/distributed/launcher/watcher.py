@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from pretrain_cli import processes
-from pretrain_cli.distributed.launcher import departure, progress, rank_log, rerun
+from pretrain_cli.distributed.launcher import departure, progress, rank_log, rerun, unsaved
 from pretrain_cli.distributed.launcher.verdict import Evidence, hung_cause
 
 POLL = 0.05
@@ -202,7 +202,8 @@ class Watcher:
             if pipe is not None:
                 os.write(log, read_held(pipe))
             own = [cause["statuses"][culprits.index(self.me)]]
-            self._pay(self._named({**cause, "ranks": [self.me], "statuses": own}))
+            # (the notice is read as "while writing its part of checkpoint-N" already: no word of the write here)
+            self._pay(self._named({**cause, "ranks": [self.me], "statuses": own, "writing": None}))
         os.write(log, self._line(cause).encode())
         if self.verdicts is not None:
             from pretrain_cli.distributed.launcher import job
@@ -244,7 +245,7 @@ class Watcher:
                 self.stopped_at.pop(r, None)
         found = progress.hung(records, now, self.hang_timeout, dict(self.stopped_at))
         if found is not None:
-            return self.evidence.publish(hung_cause(found[0], records[found[0]], found[1]))
+            return self.evidence.publish(hung_cause(found[0], records[found[0]], found[1], progress.writes(records)))
         for r, ratio in progress.stragglers(records):
             if r not in self.named:
                 self.named.add(r)
@@ -313,8 +314,11 @@ class Watcher:
         return elsewhere + (", …" if len(self.remote) > 4 else "")
 
     def _named(self, cause: dict) -> str:
-        """The ranks `cause` names and what became of them: `rank R (pid P on H) died: killed by SIGKILL`."""
+        """The ranks `cause` names and what became of them: `rank R (pid P on H) died: killed by SIGKILL`; then the
+        background checkpoint writes the stop leaves unsaved (`unsaved.clause`)."""
         causes, statuses, elsewhere = cause["ranks"], cause["statuses"], self._elsewhere()
+        # (the loss of a rank elsewhere names no rank of this host as its cause: any write here is one cut short)
+        lost = unsaved.clause(cause.get("writing"), [] if cause["kind"] == "lost" else causes, self.output[0])
         if cause["kind"] == "lost":
             named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) "
                               + ("was aborted by the collective library" if (st or 0) & 0x7F == signal.SIGABRT
@@ -331,7 +335,7 @@ class Watcher:
         else:
             named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) died: {processes.describe_status(st)}"
                               f"{self._in_stop(r, st)}" for r, st in zip(causes, statuses))
-        return named
+        return named + lost
 
     def _in_stop(self, rank: int, status: int | None) -> str:
         """For a rank SIGKILLed once its stop had begun (its `stopping.R` note, `stopping.began`): how far into the

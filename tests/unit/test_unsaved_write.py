@@ -1,0 +1,125 @@
+"""A rank stopped, killed or hung while its background writer (`async_save`) writes checkpoint-N: the watchers' line
+names the checkpoint the stop leaves unsaved, not only the training thread's phase. Before, the line said `made no
+progress for 10 s while in forward/backward at step 7` and nothing of checkpoint-6, whose `stalled 0.01 s (async)`
+line read as saved, and the re-run resumed from checkpoint-3 unexplained (tests/distributed/test_async_save_stop.py:
+the same through scripts/launch.sh). A "rank" here is this process; its records are written by the test."""
+import os
+import signal
+import threading
+
+import pytest
+
+from pretrain_cli.distributed.launcher import progress, watcher
+from pretrain_cli.training import async_save
+
+
+def _watcher(tmp_path, output_dir=None, **kw):
+    shared = tmp_path / "shared"
+    shared.mkdir(parents=True, exist_ok=True)
+    return watcher.Watcher(0, {0: os.getpid(), 1: os.getpid()}, "h", shared, None, grace=1.0,
+                           output_dir=str(output_dir) if output_dir else None, **kw)
+
+
+def _records(w, writing: dict, stuck_phase: str = "forward/backward"):
+    """Rank 1 stuck in `stuck_phase` of step 7 for 30 s, rank 0 waiting for it in a collective; `writing`: {rank:
+    the checkpoint its background write writes}."""
+    recs = {r: progress.Record(w.shared / f"progress.{r}") for r in (0, 1)}
+    recs[1].mark(stuck_phase, 7)
+    recs[0].mark("collective", 7)
+    recs[1].since -= 30
+    for r, rec in recs.items():
+        rec.write_of(writing.get(r, 0))  # (writes the record, the older mark too)
+    return recs
+
+
+def test_a_hung_rank_is_named_with_the_checkpoint_its_background_write_leaves_unsaved(tmp_path):
+    out = tmp_path / "out"
+    (out / "checkpoint-3").mkdir(parents=True)
+    w = _watcher(tmp_path, out, hang_timeout=10.0)
+    _records(w, {1: 6, 0: 6})  # rank 0's write of checkpoint-6 waits for rank 1's part
+    cause = w._check_progress(os.open(os.devnull, os.O_WRONLY))
+    assert cause["kind"] == "hung" and cause["ranks"] == [1] and cause["writing"] == {"0": 6, "1": 6}
+    line = w._line(cause)
+    assert ("rank 0: rank 1 (pid %d on h) made no progress for 30 s while in forward/backward at step 7, with its "
+            "background write of checkpoint-6 unfinished: checkpoint-6 was not saved; this rank stops too. See that "
+            "rank's workerlog for its cause; re-run to resume from %s, the newest complete checkpoint."
+            % (os.getpid(), out / "checkpoint-3")) in line, line
+    # the verdict is shared as JSON (every watcher of the host writes the one published): the same line from it
+    assert w._line(w.evidence.decided()) == line
+
+
+def test_only_another_ranks_write_in_flight_is_said_cut_short(tmp_path):
+    w = _watcher(tmp_path, tmp_path / "out", hang_timeout=10.0)
+    _records(w, {0: 6})  # rank 1 hung in a step with nothing in flight; rank 0 still writes checkpoint-6
+    line = w._line(w._check_progress(os.open(os.devnull, os.O_WRONLY)))
+    assert ("while in forward/backward at step 7; the background write of checkpoint-6 (rank 0) was cut short: "
+            "checkpoint-6 was not saved; this rank stops too.") in line, line
+
+
+def test_nothing_is_said_of_a_write_published_meanwhile_nor_when_none_was_in_flight(tmp_path):
+    out = tmp_path / "out"
+    (out / "checkpoint-6").mkdir(parents=True)  # rank 0 published it before the line was written
+    w = _watcher(tmp_path / "a", out, hang_timeout=10.0)
+    _records(w, {1: 6})
+    assert " at step 7; this rank stops too." in w._line(w._check_progress(os.open(os.devnull, os.O_WRONLY)))
+    idle = _watcher(tmp_path / "b", out, hang_timeout=10.0)
+    _records(idle, {})
+    cause = idle._check_progress(os.open(os.devnull, os.O_WRONLY))
+    assert "writing" not in cause and " at step 7; this rank stops too." in idle._line(cause)
+
+
+def test_a_rank_killed_during_its_background_write_is_named_with_it_and_its_notice_says_it_once(tmp_path):
+    w = _watcher(tmp_path, tmp_path / "out")
+    w.evidence.statuses = {1: signal.SIGKILL}
+    w.evidence.gone = lambda: {1}  # noqa: E731
+    _records(w, {1: 6})
+    cause = w.evidence.death_cause()
+    assert cause == {"kind": "died", "ranks": [1], "statuses": [signal.SIGKILL], "writing": {"1": 6}}
+    assert (f"rank 1 (pid {os.getpid()} on h) died: killed by SIGKILL, with its background write of checkpoint-6 "
+            f"unfinished: checkpoint-6 was not saved; this rank stops too.") in w._line(cause)
+    # the death notice for rank 0 (read as "..., while writing its part of checkpoint-6"): no second word of it
+    owed = tmp_path / "ckpt.tmp" / "rank-00001.done.json"
+    dead = watcher.Watcher(1, {0: os.getpid(), 1: os.getpid()}, "h", w.shared, None, grace=1.0)
+    (w.shared / "owed.1").write_text(str(owed))
+    dead._pay(dead._named({**cause, "writing": None}))
+    assert "background" not in owed.read_text()
+
+
+def test_the_background_writer_says_in_the_record_which_checkpoint_it_writes_until_it_ends(tmp_path):
+    progress.open_record(tmp_path / "progress.0")
+    try:
+        for fails in (False, True):
+            go = threading.Event()
+
+            def write():
+                go.wait(10)
+                if fails:
+                    raise OSError(28, "No space left on device")
+
+            writer = async_save.AsyncWriter()
+            writer.submit("checkpoint-6", write, 6)
+            seen = [progress.read(tmp_path, [0])[0]["writing"] for _ in range(50) if not go.is_set()]
+            assert seen[-1] == 6, seen
+            go.set()
+            if fails:
+                with pytest.raises(OSError):
+                    writer.wait()
+            else:
+                writer.wait()
+            assert progress.read(tmp_path, [0])[0]["writing"] == 0  # ended, published or failed: nothing in flight
+    finally:
+        progress.close_record()
+    progress.writing(6)  # no record (one process, or its watcher stopped): nothing, no error
+
+
+def test_a_long_wait_for_a_background_write_is_said_once(monkeypatch, caplog):
+    monkeypatch.setattr(async_save, "NOTE_AFTER", 0.05)
+    go = threading.Event()
+    writer = async_save.AsyncWriter()
+    writer.submit("checkpoint-6", lambda: go.wait(10), 6)
+    threading.Timer(0.3, go.set).start()
+    with caplog.at_level("INFO", logger="pretrain_cli"):
+        writer.wait()
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith("checkpoint-6: waiting for its background write (under way for "), said
+    assert said[0].endswith(" s) to finish before going on"), said
