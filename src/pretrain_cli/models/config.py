@@ -169,6 +169,7 @@ class ModelConfig:
             d.pop("head_dim", None)
         config_checks.misspelt_key(d, model_type, read_keys(model_type), source)
         fam = family(model_type)
+        unread = config_checks.other_families_keys(d, model_type, source, pretrained)  # (kept in extra)
         if fam.attention == "mla":
             d.pop("head_dim", None)  # transformers derives it (= qk_rope_head_dim); so do we
             d.setdefault("q_lora_rank", 1536)  # transformers' default when the key is absent (null: one q_proj)
@@ -188,7 +189,7 @@ class ModelConfig:
             d["mlp_only_layers"] = []
         names = {f.name for f in fields(cls)} - {"extra", "generation", "defaulted"}
         known = {k: v for k, v in d.items() if k in names}
-        extra = {k: v for k, v in d.items() if k not in names and k not in DERIVED_KEYS}
+        extra = {**unread, **{k: v for k, v in d.items() if k not in names and k not in DERIVED_KEYS}}
         if d.get("rope_theta") is None:
             known.pop("rope_theta", None)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 
 from pretrain_cli.errors import UserError
 from pretrain_cli.models.families import MODEL_TYPES as SUPPORTED_MODEL_TYPES
@@ -242,7 +243,7 @@ def validate(cfg: "ModelConfig", source: str = "config.json", pretrained: bool =
         raise UserError(f"{source}: head_dim ({cfg.head_dim}) must be even for RoPE")
     layers = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
     if family(cfg.model_type).moe and not (cfg.mla and cfg.first_k_dense_replace >= layers):
-        _validate_moe(cfg, source)  # (a DeepSeek config whose layers are all dense needs no MoE keys)
+        _validate_moe(cfg, source, pretrained)  # (a DeepSeek config whose layers are all dense needs no MoE keys)
         if cfg.mla:
             _validate_deepseek_moe(cfg, source)
     if cfg.hidden_act != "silu" and pretrained:
@@ -323,7 +324,7 @@ def _set_them(cfg: "ModelConfig") -> str:
     return f"set {' and '.join(left)} in config.json" if left else "fix them"
 
 
-def _validate_moe(cfg: "ModelConfig", source: str) -> None:
+def _validate_moe(cfg: "ModelConfig", source: str, pretrained: bool) -> None:
     for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -338,3 +339,59 @@ def _validate_moe(cfg: "ModelConfig", source: str) -> None:
             not isinstance(i, int) or isinstance(i, bool) for i in cfg.mlp_only_layers):
         raise UserError(f"{source}: mlp_only_layers must be a list of layer indices, got "
                         f"{cfg.mlp_only_layers!r}")
+    last = cfg.num_hidden_layers - 1
+    outside = [i for i in cfg.mlp_only_layers if not 0 <= i <= last]
+    if outside and not pretrained:  # (transformers ignores it too: weights trained so are read as they are)
+        raise UserError(f"{source}: mlp_only_layers names layer {outside[0]}, which a model of num_hidden_layers "
+                        f"{cfg.num_hidden_layers} does not have (transformers ignores it); name layers 0-{last}")
+    if not isinstance(cfg.norm_topk_prob, bool):  # a string is truthy: "false" renormalised as true would
+        raise UserError(f"{source}: norm_topk_prob must be true or false, got {json.dumps(cfg.norm_topk_prob)}")
+    if cfg.mla:  # DeepSeek's balance loss weight is its hub key (`config.moe.aux_coefficient`)
+        _balance_weight(cfg.extra.get("aux_loss_alpha", 0.0), "aux_loss_alpha", source)
+    else:
+        _balance_weight(cfg.router_aux_loss_coef, "router_aux_loss_coef", source)
+
+
+def _balance_weight(value, key: str, source: str) -> None:
+    """config.json's balance loss weight, checked as the argument file's `router_aux_loss_coef` is: "abc" was a
+    traceback when the run took it, -1 (a loss rewarding imbalance) and NaN a weight."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise UserError(f"{source}: {key} must be a finite number >= 0, got {json.dumps(value)}; it is the balance "
+                        f"loss's weight: fix it (the published models have 0.001)")
+
+
+# the MoE keys of the other families, which transformers' class for this one does not read: (the values that change
+# nothing, what the family has instead)
+_DEEPSEEK_INSTEAD = {
+    "decoder_sparse_step": ((None, 1), "its layers from first_k_dense_replace on are all sparse: remove it and set "
+                                       "first_k_dense_replace"),
+    "mlp_only_layers": ((None, []), "its layers from first_k_dense_replace on are all sparse: remove it and set "
+                                    "first_k_dense_replace"),
+    "shared_expert_intermediate_size": ((None, 0), "its shared experts are n_shared_experts of moe_intermediate_size "
+                                                   "each: remove it and set n_shared_experts"),
+    "router_aux_loss_coef": ((None,), "its balance loss's weight is aux_loss_alpha, or the argument file's "
+                                      "router_aux_loss_coef: rename it to aux_loss_alpha"),
+}
+OTHER_FAMILIES_KEYS = {
+    "qwen3_moe": {"shared_expert_intermediate_size": (
+        (None, 0), "qwen3_moe has no shared expert, in transformers' Qwen3MoeForCausalLM as here: remove it, or use "
+                   "model_type qwen2_moe (a gated shared expert of that width)")},
+    "deepseek_v2": _DEEPSEEK_INSTEAD,
+    "deepseek_v3": _DEEPSEEK_INSTEAD,
+}
+
+
+def other_families_keys(d: dict, model_type: str, source: str, pretrained: bool) -> dict:
+    """Takes out of `d` (for `ModelConfig.extra`) the MoE keys of `OTHER_FAMILIES_KEYS`, which shaped the model
+    here (a DeepSeek `decoder_sparse_step` made other layers sparse than the export's transformers class does, a
+    Qwen3-MoE `shared_expert_intermediate_size` made check count a shared expert never built) where transformers
+    ignores them. A new model's file setting one to a value that would change something is refused, naming the
+    family's own key; pretrained weights' config.json is read as transformers reads it."""
+    taken = {}
+    for key, (inert, instead) in OTHER_FAMILIES_KEYS.get(model_type, {}).items():
+        if key not in d:
+            continue
+        taken[key] = d.pop(key)
+        if not pretrained and taken[key] not in inert:
+            raise UserError(f"{source}: {key} is not a key {model_type} reads ({instead})")
+    return taken
