@@ -11,23 +11,11 @@ import numpy as np
 import pytest
 
 import gpu_emulation as emu
+from amp_tiny_model import Tiny
 from gpu_emulation import paddle
 
 
 # ---------------------------------------------------------------- fp16 loss scaling with fleet's optimizer (bug 2)
-class _Tiny(paddle.nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self.w = self.create_parameter([4, 3])
-        self.u = self.create_parameter([3])
-        self.gain = 1.0
-
-    def forward(self, ids, labels=None):
-        x = paddle.nn.functional.one_hot(ids % 4, 4).astype("float32")  # [b, s, 4]
-        y = (paddle.matmul(x, self.w) + self.u) * self.gain  # [b, s, 3]
-        return (y * y).sum(), paddle.to_tensor(float(ids.size))
-
-
 def _layout(monkeypatch, strategy_cls, scale=1024.0, plain=False, **attrs):
     """A one-process `Step` over `strategy_cls` whose optimizer is fleet's hybrid optimizer (over the sharding
     stand-in; `plain`: Paddle's AdamW itself), with an fp16 loss scaler enabled on the CPU and wrapped by the
@@ -44,7 +32,7 @@ def _layout(monkeypatch, strategy_cls, scale=1024.0, plain=False, **attrs):
     from pretrain_cli.training.step import Layout
 
     paddle.seed(0)
-    model = _Tiny()
+    model = Tiny()
     hpo = paddle.optimizer.AdamW(learning_rate=0.1, parameters=model.parameters())
     hpo = hpo if plain else emu.hybrid_optimizer(hpo)
     strategy = object.__new__(strategy_cls)
@@ -95,7 +83,7 @@ def test_fp16_loss_scaling_under_fleet_zero1_reduces_each_gradient_once_and_upda
 def _assert_unscaled_update(model, before):
     """`model` took the update an unscaled fp32 step of Paddle's AdamW takes from `before` (the scale divided out
     exactly once)."""
-    ref = _Tiny()
+    ref = Tiny()
     opt = paddle.optimizer.AdamW(learning_rate=0.1, parameters=ref.parameters())
     for p, b in zip(ref.parameters(), before):
         p.set_value(b)

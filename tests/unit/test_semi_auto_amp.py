@@ -11,22 +11,10 @@ import numpy as np
 import pytest
 
 import gpu_emulation as emu
+from amp_tiny_model import Tiny
 from gpu_emulation import paddle
 
 EPS = 1.0  # AdamW's epsilon, as large as the gradients: the update then depends on their size (a clip, a scale)
-
-
-class _Tiny(paddle.nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self.w = self.create_parameter([4, 3])
-        self.u = self.create_parameter([3])
-        self.gain = 1.0
-
-    def forward(self, ids, labels=None):
-        x = paddle.nn.functional.one_hot(ids % 4, 4).astype("float32")  # [b, s, 4]
-        y = (paddle.matmul(x, self.w) + self.u) * self.gain  # [b, s, 3]
-        return (y * y).sum(), (ids * 0 + 1).astype("float32").sum()
 
 
 def _batch(seed: int) -> dict:
@@ -57,7 +45,7 @@ def _layout(stage: int, precision, master_grad: bool, amp_state):
     paddle.seed(0)
     strategy = SemiAuto(ParallelConfig(sharding_stage=stage))
     strategy.hook = None  # NCCL's: no gloo all-reduce hook before ZeRO's own
-    model = strategy.place(_Tiny())
+    model = strategy.place(Tiny())
     optimizer = paddle.optimizer.AdamW(learning_rate=0.1, parameters=model.parameters(), epsilon=EPS)
     with emu.scaler_enabled_on_cpu():
         model, optimizer, amp = build_amp(model, optimizer, precision)
@@ -88,7 +76,7 @@ def _weights(model) -> list:
 def _reference(before, batch: dict, max_grad_norm: float = 0.0):
     """(weights after, gradient norm) of Paddle's AdamW stepping `before` on `batch` in one process, fp32, the
     gradients clipped to `max_grad_norm` as `Step` clips them."""
-    ref = _Tiny()
+    ref = Tiny()
     for p, b in zip(ref.parameters(), before):
         p.set_value(b)
     opt = paddle.optimizer.AdamW(learning_rate=0.1, parameters=ref.parameters(), epsilon=EPS)
@@ -257,7 +245,7 @@ def test_fleet_layouts_unscale_through_the_class_so_the_step_divides_once(monkey
 
     monkeypatch.setattr(FleetZero1, "wrap_scaler", fleet_wrapper)
     paddle.seed(0)
-    model = _Tiny()
+    model = Tiny()
     optimizer = paddle.optimizer.AdamW(learning_rate=0.1, parameters=model.parameters(), epsilon=EPS)
     with emu.scaler_enabled_on_cpu():
         model, optimizer, amp = build_amp(model, optimizer, Precision("float16", "O1", loss_scale=1024.0))
