@@ -13,6 +13,7 @@ from pretrain_cli.config.one_process import one_process_notes
 from pretrain_cli.config.parser import Arguments
 from pretrain_cli.config.pipeline import resolve_pipeline
 from pretrain_cli.config.refusals import Degrees, refusals
+from pretrain_cli.counts import count
 from pretrain_cli.errors import Problems, UserError
 from pretrain_cli.run_config import Target
 from pretrain_cli.run_layout import ParallelConfig
@@ -37,6 +38,34 @@ def parse_sharding(text: str) -> tuple[int, bool]:
 def degree(value: int) -> int:
     """A parallel degree as the file writes it (-1, 0 and 1 all mean off) -> the ways it splits the run."""
     return max(value, 1)
+
+
+def _stated_data_ranks(args: Arguments, world: int, degrees: dict, auto_sharding: bool, problems: Problems) -> None:
+    """A data-parallel degree the file states (PaddleNLP's `data_parallel_degree`, PaddleFormers' `data_parallel_size`:
+    keys without effect, the data ranks being computed as PaddleNLP computes them) that this layout does not give is
+    refused: the run would train on other data ranks, so on another global batch, than the file says. The run's dp
+    (PaddleNLP's: world / (sharding x tp x pp x cp)) and its data ranks (dp x sharding) both match; -1/0/1 are the
+    keys' defaults. Said with the processes the stated degree would take, or, where the sharding group takes every
+    data rank (`sharding_parallel_degree` -1), the sharding degree that leaves it (`auto_sharding`)."""
+    others = 1
+    for d in degrees.values():
+        others *= d
+    for key in ("data_parallel_degree", "data_parallel_size"):
+        try:
+            stated = int(str(args.extra.get(key, 1)))
+        except ValueError:
+            continue  # (not a number: the key's note says it is not read)
+        dp = world // others
+        if stated <= 1 or stated in (dp, dp * degrees["sharding"]):
+            continue
+        axes = " x ".join(f"{n} {d}" for n, d in degrees.items() if d > 1)
+        ranks = dp * degrees["sharding"]
+        instead = (f"set sharding_parallel_degree: {ranks // stated} (ZeRO over the rest), " if auto_sharding
+                   and ranks % stated == 0 else "")
+        problems.add(f"{key}: {stated}, but {count(world, 'process')}{f' / ({axes})' if axes else ''} give "
+                     f"{count(dp, 'data rank')}; {instead}run it on {stated * others} processes (`check "
+                     f"--world_size {stated * others}`), or remove the key (the data ranks are computed from the "
+                     f"world size and the other degrees)")
 
 
 def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, problems: Problems) -> ParallelConfig:
@@ -87,6 +116,8 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
         notes.append(f"sharding_parallel_degree: {t.sharding_parallel_degree} has no effect without a sharding stage "
                      f"(sharding is {t.sharding!r}): its ranks are data-parallel ranks, each holding the whole "
                      f"optimizer state")
+    _stated_data_ranks(args, world * pp, dict(tp=tp, pp=pp, cp=cp, sharding=sharding),
+                       bool(stage) and t.sharding_parallel_degree in (-1, 0), problems)
     moe = model_cfg.model_type if model_cfg.expert_layers else ""  # (an MTP module's experts count)
     for line in refusals(Degrees(tp=tp, pp=pp, cp=cp, sep=sep, stage=stage, sharding=sharding, data=rest, sp=sp,
                                  ep=max(t.expert_parallel_degree, 1), moe=moe,
