@@ -6,7 +6,8 @@ auxiliary-loss-free bias update, all from the sparse blocks' `MoeRecord`s (`mode
   assignments that went to expert e, P_e = its mean softmax probability. At perfect balance it equals top_k.
   `reduce_counts` (the kernel table's, chosen by the layout before the model is built; identity on one process)
   sums the counts over the data-parallel ranks first: the "global" scope Qwen3 was trained with (Qiu et al. 2025).
-- `z_loss`: ST-MoE's router z-loss, mean over tokens of logsumexp(logits)², averaged over the sparse layers.
+- `z_loss`: ST-MoE's router z-loss, mean over tokens of logsumexp(logits)², averaged over the sparse layers; logged
+  whenever a router term is on, at weight 0 too (without gradient), so its growth is seen before it is weighted.
 - `router_loss(model)`: `aux_coef · load_balancing + z_coef · z`, what `CausalLM` adds per counted token to
   the loss it returns (so the training loss, like transformers' with `output_router_logits`, includes it).
   Under context parallelism each rank routes its own chunks of the sequences; the sums over tokens are taken over
@@ -116,8 +117,8 @@ def layer_sums(block, terms: RouterTerms) -> RouterSums:
         prob_sum, counts = _balance_sums(logits, terms.experts, terms.top_k)
     elif terms.balance == "sequence":
         seq = block.balance_loss()
-    if terms.z_coef:
-        z = _z(logits)
+    if terms.on:  # at weight 0 for the log alone: no gradient, so the loss optimised is what it was
+        z = _z(logits) if terms.z_coef else _z(logits.detach())
     return RouterSums(prob_sum, counts, z, seq, 1, logits.shape[0])
 
 
@@ -175,10 +176,11 @@ def router_loss(model, carried: RouterSums | None = None, blocks: list | None = 
         parts["aux_loss"] = balance_from(prob_sum, counts, rows, terms.experts, terms.top_k, reduce or _identity)
     if "aux_loss" in parts:
         total = total + terms.aux_coef * parts["aux_loss"]
-    if terms.z_coef:
+    if z_sum is not None:  # (logged at weight 0 too: `layer_sums`)
         # under cp each rank's layers took the mean over its S / C tokens of each sequence: their mean is the whole's
         z = z_sum if split is None else split.sum(z_sum) / split.ranks
         parts["z_loss"] = (z / layers).reshape([])
+    if terms.z_coef:
         total = total + terms.z_coef * parts["z_loss"]
     for name, value in parts.items():
         add_logged(model.router_losses, name, value)
