@@ -160,3 +160,25 @@ def test_a_sigkill_of_our_own_is_said_as_ours_not_the_oom_killers(tmp_path, monk
     account.killed_here(1, "by itself, 900 s after its launcher died", 7)
     assert account.cause(d) == ("launch.sh: rank 1 ended the job: rank 1 (pid 7 on h) died: killed by SIGKILL (by "
                             "itself, 900 s after its launcher died); the other ranks stop too.")
+
+
+def test_a_ranks_collective_error_after_another_ranks_death_does_not_name_it(tmp_path):
+    """A SIGKILLed rank's peers lose their gloo connection at once: under the semi-auto engine Paddle raises that as
+    an OSError ('(External) RuntimeError: ... Read error ... Connection reset by peer'), which the CLI records as a
+    "system" end, often before the dead rank's watcher records its death. The death is the cause: launch.sh named
+    rank 1 and exited 1 for `kill -9` of rank 3 (2 of 5 tries at tp 2 x ZeRO-3 on 4 CPU processes)."""
+    reset = ("system: (External) RuntimeError: [/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:576] Read error "
+             "[127.0.0.1]:7073: Connection reset by peer")
+    died = ("[pretrain-cli] rank 3 (pid 9 on h) died: killed by SIGKILL; the other ranks stop too. Re-run the same "
+            "command (or launch with MAX_RESTART) to start from step 0.")
+    d = _verdicts(tmp_path, {"rank": 1, "exit": 1, "kind": "system", "line": reset, "time": 1.0, "local": "1"},
+                  {"rank": 3, "exit": 137, "kind": "died", "line": died, "time": 1.2, "local": "3"},
+                  {"rank": 0, "exit": 1, "kind": "peer", "line": "rank 0: rank 3 (pid 9 on h) died", "time": 1.3,
+                   "local": "0"})
+    assert account.cause(d, "out/log").startswith("launch.sh: rank 3 ended the job: rank 3 (pid 9 on h) died: killed "
+                                                  "by SIGKILL")
+    assert job.decide(d, 1) == (137, "retry")
+    # alone (the rank it lost on another node, say, left no record here), the reaction is still said
+    alone = _verdicts(tmp_path / "alone", {"rank": 1, "exit": 1, "kind": "system", "line": reset, "time": 1.0,
+                                           "local": "1"})
+    assert account.cause(alone, "out/log").startswith("launch.sh: rank 1 ended the job (exit 1): system:")

@@ -126,9 +126,20 @@ def read_records(directory) -> list[dict]:
 
 def own_ends(records: list[dict]) -> list[dict]:
     """The records of ranks that ended by themselves (not stopped by another's failure, a signal, a join), first
-    first."""
+    first; an error that is the collective library's reaction to a lost peer after every other (`reaction`)."""
     return sorted((r for r in records if r.get("kind") not in ("peer", "joining", "stopped")),
-                  key=lambda r: r.get("time", 0))
+                  key=lambda r: (reaction(r), r.get("time", 0)))
+
+
+def reaction(record: dict) -> bool:
+    """Whether a rank's recorded end is gloo's (or NCCL's) error on losing a peer, not a cause of its own: a rank
+    SIGKILLed drops its connections at once, and the semi-auto engine's collectives raise that as an OSError
+    (Paddle's `(External) RuntimeError: ... Connection reset by peer`), which the CLI records as a "system" end,
+    often before the dead rank's watcher records the death (launch.sh then named a survivor, exit 1)."""
+    from pretrain_cli.runtime import COLLECTIVE_FAILURES
+
+    line = str(record.get("line", "")).lower()
+    return record.get("kind") in ("system", "crashed") and any(m in line for m in COLLECTIVE_FAILURES)
 
 
 def decide(directory, launcher_rc: int) -> tuple[int, str]:
