@@ -97,6 +97,31 @@ def resolve_kernels(args: Arguments, target: Target, precision: Precision, notes
                         fuse_o_proj=not (t.recompute and t.recompute_granularity == "full_attn"))
 
 
+def flash_width(kernels: KernelConfig, model_cfg, target: Target, cp: int, mask: str, notes: list) -> KernelConfig:
+    """Flash attention asked for on a GPU at a head width flash-attn refuses there (`ops.flash_width.refusal` on the
+    model's `head_width`, MLA's padded max(qk_head_dim, v_head_dim); the driver's compute capability under `train`,
+    the table's for `plan`'s device) runs the materialised path: `ops.kernels` falls back to it at run time, so the
+    run resolves to it here, with one note, and `plan` counts the `[b, heads, s, s]` scores (flash and math count
+    the same FLOPs: its speed) and the `kernels:` line names them. Not where Paddle's sdpa runs its memory-efficient
+    kernel instead, which holds no scores: a causal mask without context parallelism at a width over 256 that is a
+    multiple of 8 (sdpa.py 3.3.1 `check_head_dim_size_mem_efficient`; `kernels.attention_sdpa_causal` calls sdpa)."""
+    if target.device != "gpu" or kernels.attention != "flash" or model_cfg is None:
+        return kernels
+    from pretrain_cli.ops.flash_width import WIDEST, refusal
+    from pretrain_cli.planning.activations import head_width
+    from pretrain_cli.planning.hardware import capability
+
+    width = head_width(model_cfg)
+    why = refusal(width, capability(target.gpu_name, target.gpu_capability))
+    if why is None or (width > WIDEST and width % 8 == 0 and cp == 1 and mask == "causal"):
+        return kernels
+    where, reason = why
+    done = "planned with the scores materialised" if target.planned else "the run materialises the scores"
+    notes.append(f"use_flash_attention: flash attention refuses head width {width} on {target.gpu_name or 'this GPU'} "
+                 f"({where + '; ' if where else ''}{reason}): {done}")
+    return replace(kernels, attention="math")
+
+
 # the keys `kernels_for` reads (`resolve_precision` for the attention rule, `resolve_kernels`): the training keys that
 # change how `eval` and `generate` compute (`orchestration.recorded.no_effect`)
 KERNEL_KEYS = ("use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_fused_linear_cross_entropy",

@@ -14,7 +14,8 @@ import os
 from dataclasses import replace
 
 from pretrain_cli.config import paddlenlp_keys
-from pretrain_cli.config.compute import fused_loss_default, optimizer_path, resolve_kernels, resolve_precision
+from pretrain_cli.config.compute import (flash_width, fused_loss_default, optimizer_path, resolve_kernels,
+                                         resolve_precision)
 from pretrain_cli.config.moe import resolve_moe
 from pretrain_cli.config.parallel import resolve_parallel
 from pretrain_cli.config.keys import KEYS
@@ -290,6 +291,7 @@ def resolve(args: Arguments, model_cfg, target: Target, judge=None) -> RunConfig
                      f"{paddlenlp_eval} to average PaddleNLP's samples, if its activations fit)")
     _cpu_layout_note(args, device, target.world_size, notes)
     mask_type, reset_positions = _document_mask(args, notes)
+    kernels = flash_width(kernels, model_cfg, here, parallel.cp_degree, mask_type, notes)  # (the model's head width)
     spike = _spike_guard(args, parallel, problems, notes)
     moe = resolve_moe(args, model_cfg, parallel, notes, problems)
     report_to = problems.run(trackers.choose, t.report_to, notes)  # installed-or-not: `prepare` (not `plan`)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pretrain_cli import runtime
-from pretrain_cli.ops import cpu_ops
+from pretrain_cli.ops import cpu_ops, flash_width
 from pretrain_cli.ops.block_attention import block_forward
 from pretrain_cli.ops.grouped import grouped_mlp_cpu, grouped_mlp_gpu
 from pretrain_cli.ops.attention import attention_math, attention_sdpa_mask
@@ -49,28 +49,21 @@ def one_dtype(q, k, v):
     return q, k, v
 
 
-# flash-attn's own checks (PaddlePaddle/flash-attention csrc/flash_attn/flash_attn.cu, the library Paddle's
-# flash_attn and flashmask_attention kernels call): CHECK_FWD_EXECTUABLE asserts head_size % 8 == 0 and <= 256,
-# CHECK_BWD_EXECTUABLE adds is_sm80 || is_sm90 above 192. Paddle's sdpa (nn/functional/sdpa.py 3.3.1,
-# check_head_dim_size_flash, check_flash_attention_hardware_support: SM 8.0-12.1) checks neither the 192 rule nor,
-# for flashmask_attention (nn/functional/flash_attention.py), anything: a run stopped mid-step where they failed.
-FLASH_BACKWARD_WIDE = ((8, 0), (9, 0))  # the compute capabilities with flash-attn's backward above 192
-_REFUSED: set = set()  # the reasons already warned about
+_REFUSED: set = set()  # the reasons already warned about (the rule itself: `ops.flash_width`, `config` reads it too)
 
 
 def flash_refuses(head_dim: int, capability=None) -> str | None:
-    """Why flash attention cannot run (forward and backward) at this head width on this GPU, or None where it can.
-    `capability` None: this process's GPU's (`runtime.gpu_capability`; unknown counts as able). MLA's width is
-    its padded one (`models.mla`: 192 for DeepSeek-V2/V3, which every Ampere-or-later GPU takes)."""
-    if head_dim % 8 or head_dim > 256:
-        return f"head_dim {head_dim} (flash-attn takes multiples of 8 up to 256)"
-    if head_dim <= 192:
+    """Why flash attention cannot run (forward and backward) at this head width on this GPU, or None where it can
+    (`flash_width.refusal`). `capability` None: this process's GPU's (`runtime.gpu_capability`, asked only where
+    the width leaves it to the GPU; unknown counts as able). MLA's width is its padded one (`models.mla`: 192 for
+    DeepSeek-V2/V3, which every Ampere-or-later GPU takes)."""
+    why = flash_width.refusal(head_dim, capability)
+    if why is None and capability is None and head_dim > flash_width.ANY_GPU_WIDTH:
+        why = flash_width.refusal(head_dim, runtime.gpu_capability())
+    if why is None:
         return None
-    cap = runtime.gpu_capability() if capability is None else capability
-    if cap is None or tuple(cap) in FLASH_BACKWARD_WIDE:
-        return None
-    return (f"head_dim {head_dim} on compute capability {cap[0]}.{cap[1]} (flash-attn's backward above 192 runs "
-            f"on 8.0 and 9.0 only)")
+    where, reason = why
+    return f"head_dim {head_dim}{' on ' + where if where else ''} ({reason})"
 
 
 def materialise(head_dim: int) -> bool:

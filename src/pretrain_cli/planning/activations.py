@@ -23,13 +23,19 @@ def norm_bytes(s, width: int) -> float:
     return c * h + 4 * h + c * h + (4 * h + c * h if half else 0)
 
 
+def head_width(cfg) -> int:
+    """The head width the attention kernels see: head_dim, or under MLA (`models.mla`) max(qk_head_dim, v_head_dim),
+    the one width its q, k and padded v share. What flash-attn's width rule judges (`config.compute.flash_width`)."""
+    return max(cfg.qk_head_dim, cfg.v_head_dim) if cfg.mla else cfg.head_dim
+
+
 def attention_widths(cfg) -> tuple[int, int]:
     """(query width, key/value width) per token in elements: heads × head_dim; under MLA (`models.mla`) every head
     expands its own key and value from the latent, padded to one head width (max(qk_head_dim, v_head_dim)) for the
     attention kernels, so K and V are as wide as Q: MLA's small latent is a KV-*cache* saving (generation),
     not a training-activation one."""
     if cfg.mla:
-        width = cfg.num_attention_heads * max(cfg.qk_head_dim, cfg.v_head_dim)
+        width = cfg.num_attention_heads * head_width(cfg)
         return width, width
     return cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
 
