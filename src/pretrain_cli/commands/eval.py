@@ -63,11 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _model_config(name: str, length: int, length_key: str, key: str = "--model"):
     """(model_dir, cfg) without Paddle, so a bad model fails in well under a second; weights in files not read
-    (pytorch_model.bin) are refused here, never evaluated at random init, and a config.json beside weights is
-    judged as pretrained at windows of `length` tokens (a sliding window they reach: refused, naming
-    `length_key`), and PaddleNLP's rope_scaling_type at that length as `train` judges it (dynamic_ntk past
-    max_position_embeddings: refused alike). `key`: where the model was named (--model, or the --config file's
-    output_dir)."""
+    (pytorch_model.bin) are refused here, never evaluated at random init, and windows of `length` tokens are judged
+    as `train` judges its samples (`config_checks.length_notes`, naming `length_key`): beside weights, a sliding
+    window they reach or PaddleNLP's dynamic_ntk past max_position_embeddings is refused; a model without weights
+    is the one `train` would build for `length` (its range raised to it), never refused. `key`: where the model was
+    named (--model, or the --config file's output_dir)."""
     from pretrain_cli.config.presets import resolve_model_dir
     from pretrain_cli.models import config_checks
     from pretrain_cli.models.config import ModelConfig
@@ -78,11 +78,9 @@ def _model_config(name: str, length: int, length_key: str, key: str = "--model")
     refuse_unread(model_dir, key)
     pretrained = has_weights(model_dir)
     cfg = ModelConfig.from_file(model_dir, pretrained=pretrained)  # (the window: judged below)
-    source = os.path.join(model_dir, "config.json")
-    if pretrained and (window := config_checks.window_note(cfg, source, length, length_key)):
-        print(f"note: {window}", file=sys.stderr)
-    if rope := config_checks.paddlenlp_rope_note(cfg, source, length, length_key):
-        print(f"note: {rope}", file=sys.stderr)
+    for note in config_checks.length_notes(cfg, os.path.join(model_dir, "config.json"), length, length_key,
+                                           pretrained):
+        print(f"note: {note}", file=sys.stderr)
     return model_dir, cfg
 
 
@@ -298,7 +296,9 @@ def main(ns: argparse.Namespace) -> int:
     no_effect(overrides, "eval", reads)
     for note in notes:
         print(note, file=sys.stderr)
-    source = "--max_seq_length" if ns.max_seq_length is not None else "the run's max_seq_length"
+    # what sets the windows' length, named by its notes and refusals: the option, else --config's file or the record
+    source = ("--max_seq_length" if ns.max_seq_length is not None else
+              f"{ns.config or record_path(model_path)}: max_seq_length")
     # the run's windows, mask and kernels unless the options say otherwise; of a model no run wrote, `args` holds the
     # kernel overrides alone (no run's windows to take)
     if recorded:
@@ -320,7 +320,7 @@ def main(ns: argparse.Namespace) -> int:
     if (len(tokens) - 1) // ns.max_seq_length < 1:
         raise UserError(f"--data: {ns.data} has {count(len(tokens), 'token')}, fewer than one window of "
                         f"{ns.max_seq_length + 1}; lower --max_seq_length")
-    model_dir, cfg = _model_config(ns.model, ns.max_seq_length, "--max_seq_length", model_key)
+    model_dir, cfg = _model_config(ns.model, ns.max_seq_length, source, model_key)
     _past_positions(cfg, model_dir, ns.max_seq_length, source)
     check_token_ids(open_token_file(ns.data), cfg.vocab_size, vocab=f"the model's vocab_size {cfg.vocab_size}",
                     fix="the data was tokenized for another model")  # (sidecar values, else one chunked scan)

@@ -189,8 +189,9 @@ def main(ns: argparse.Namespace) -> int:
     stops = _stop_ids(model_dir, cfg, tok)  # (a bad generation_config.json: one line, before the model loads)
     # the window slides at the length the weights were trained to read (the run's, past config.json's number)
     limit, whose = context_window(cfg.max_position_embeddings, CheckpointDir(model_dir).trained_length)
-    # pretrained weights trained with a sliding window, and PaddleNLP's rope_scaling_type (as `train` judges it),
-    # are judged, once, at the longest sequence a forward reads: the longest prompt and its new tokens but the last
+    # the sequences are judged as `train` judges its samples (`config_checks.length_notes`: pretrained weights'
+    # sliding window and dynamic_ntk range; a model without weights is the one `train` builds for that length, never
+    # refused), once, at the longest sequence a forward reads: the longest prompt and its new tokens but the last
     # (new token j is predicted from the prompt and the j - 1 before it; the last is never read back), at most
     # `limit`, where `generate` slides its context (it reads the last `limit` tokens afresh). A window of `limit` or
     # more is never reached. Refused, a prompt that alone reads past is named with its count (judged again only
@@ -199,16 +200,14 @@ def main(ns: argparse.Namespace) -> int:
     longest, source = min(len(ids) + ns.max_new_tokens - 1, limit), str(Path(model_dir) / "config.json")
     key = "the prompt's tokens" if where == "--prompt" else f"the tokens of {where}"
     alone = f"the {len(ids)} tokens of {'the prompt' if where == '--prompt' else where}"
-    checks = ([config_checks.window_note] if pretrained else []) + [config_checks.paddlenlp_rope_note]
-    for check in checks:
-        try:
-            note = check(cfg, source, longest, f"{key} + --max_new_tokens - 1")
-        except UserError:
-            check(cfg, source, min(len(ids), limit), f"{alone} (only a shorter prompt helps: a forward reads the "
-                  f"whole prompt at any --max_new_tokens)")
-            raise
-        if note:
-            print(f"note: {note}", file=sys.stderr)
+    try:
+        notes = config_checks.length_notes(cfg, source, longest, f"{key} + --max_new_tokens - 1", pretrained)
+    except UserError:
+        config_checks.length_notes(cfg, source, min(len(ids), limit), f"{alone} (only a shorter prompt helps: a "
+                                   f"forward reads the whole prompt at any --max_new_tokens)", pretrained)
+        raise
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args))
     if source != "trained weights":  # said once, before any text
         from pretrain_cli.config.presets import is_preset

@@ -93,13 +93,13 @@ def paddlenlp_rope(d: dict, source: str = "config.json") -> None:
                         f"keep the one the weights were trained with and remove the other")
 
 
-def paddlenlp_rope_note(cfg: "ModelConfig", source: str, length: int, key: str) -> str | None:
-    """What PaddleNLP's `rope_scaling_type` (kept in `cfg.extra` by `paddlenlp_rope`) means at the run's `length`
-    tokens, said: beside an HF llama3 rope_scaling it is ignored, as PaddleNLP's _init_rope ignores it; dynamic_ntk
-    rotates as plain RoPE up to max_position_embeddings (LlamaDynamicNTKScalingRotaryEmbedding rescales only past
-    it; a new model's range is raised to max_seq_length, as PaddleNLP's run_pretrain raises it), and past it is
-    refused, naming `key` (what sets the length). `train`, `eval` and `generate` judge it alike, each at the longest
-    sequence a forward reads."""
+def paddlenlp_rope_note(cfg: "ModelConfig", source: str, length: int, key: str,
+                        pretrained: bool = True) -> str | None:
+    """What PaddleNLP's `rope_scaling_type` (kept in `cfg.extra` by `paddlenlp_rope`) means at `length` tokens,
+    said: beside an HF llama3 rope_scaling it is ignored, as PaddleNLP's _init_rope ignores it; dynamic_ntk rotates
+    as plain RoPE up to max_position_embeddings (LlamaDynamicNTKScalingRotaryEmbedding rescales only past it), which
+    a model without weights raises to `length` (as PaddleNLP's run_pretrain and `train` raise a new model's); past
+    it, pretrained weights are refused, naming `key` (what sets the length)."""
     kind = cfg.extra.get("rope_scaling_type")
     if kind in (None, ""):
         return None
@@ -110,13 +110,23 @@ def paddlenlp_rope_note(cfg: "ModelConfig", source: str, length: int, key: str) 
     if kind != "dynamic_ntk":
         return None
     limit = cfg.max_position_embeddings
-    if length <= limit:
+    if length <= limit or not pretrained:
+        raised = "" if length <= limit else (f", raised to {length} for a model without weights (as `train` and "
+                                             f"PaddleNLP's run_pretrain raise a new model's)")
         return (f"{said}: PaddleNLP's dynamic NTK rotates as plain RoPE at lengths up to max_position_embeddings "
-                f"{limit}, and sequences of {length} tokens stay within it, so plain RoPE, which runs here, is the "
-                f"same model (config.json keeps the key)")
+                f"{limit}{raised}, and sequences of {length} tokens stay within it, so plain RoPE, which runs here, is "
+                f"the same model (config.json keeps the key)")
     raise UserError(f"{said}: sequences of {length} tokens reach past max_position_embeddings {limit}, where "
                     f"PaddleNLP's dynamic NTK grows the rotation's base with the length, which no RoPE here does; "
                     f"lower {key} to at most {limit}, or remove rope_scaling_type for plain RoPE at every length")
+
+
+def length_notes(cfg: "ModelConfig", source: str, length: int, key: str, pretrained: bool) -> list[str]:
+    """The one judgement of `length`-token sequences (`key` sets the length) that `train`, `eval` and `generate` share:
+    pretrained weights' sliding window (`window_note`), then PaddleNLP's rope_scaling_type (`paddlenlp_rope_note`);
+    a model without weights is the one `train` builds for `length`. Notes where nothing changes, else a UserError."""
+    notes = [window_note(cfg, source, length, key)] if pretrained else []
+    return [n for n in (*notes, paddlenlp_rope_note(cfg, source, length, key, pretrained)) if n]
 
 
 def misspelt_key(d: dict, model_type: str, read: frozenset, source: str = "config.json") -> None:
@@ -215,28 +225,22 @@ def validate(cfg: "ModelConfig", source: str = "config.json", pretrained: bool =
     """One-line UserErrors for architectures the model code cannot build (`pretrained`: weights are read, so no
     line advises another architecture for them)."""
     if cfg.model_type not in SUPPORTED_MODEL_TYPES:
-        raise UserError(
-            f"{source}: model_type {cfg.model_type!r} is not supported; "
-            f"use one of {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+        raise UserError(f"{source}: model_type {cfg.model_type!r} is not supported; "
+                        f"use one of {', '.join(SUPPORTED_MODEL_TYPES)}")
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                  "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or v <= 0:
             raise UserError(f"{source}: {name} must be a positive integer, got {v!r}")
     if cfg.num_attention_heads % cfg.num_key_value_heads:
-        raise UserError(
-            f"{source}: num_attention_heads ({cfg.num_attention_heads}) is not divisible by "
-            f"num_key_value_heads ({cfg.num_key_value_heads}); pick kv heads that divide it"
-        )
+        raise UserError(f"{source}: num_attention_heads ({cfg.num_attention_heads}) is not divisible by "
+                        f"num_key_value_heads ({cfg.num_key_value_heads}); pick kv heads that divide it")
     if cfg.mla:
         _validate_mla(cfg, source)
     derived = cfg.hidden_size // cfg.num_attention_heads
     if not cfg.mla and cfg.hidden_size % cfg.num_attention_heads and cfg.head_dim == derived:
-        raise UserError(
-            f"{source}: hidden_size ({cfg.hidden_size}) is not divisible by "
-            f"num_attention_heads ({cfg.num_attention_heads}); change one or set head_dim"
-        )
+        raise UserError(f"{source}: hidden_size ({cfg.hidden_size}) is not divisible by "
+                        f"num_attention_heads ({cfg.num_attention_heads}); change one or set head_dim")
     if not isinstance(cfg.head_dim, int) or cfg.head_dim <= 0:
         raise UserError(f"{source}: head_dim must be a positive integer, got {cfg.head_dim!r}")
     if cfg.head_dim % 2:
@@ -255,10 +259,8 @@ def validate(cfg: "ModelConfig", source: str = "config.json", pretrained: bool =
     if cfg.rope_scaling is not None:
         rt = cfg.rope_scaling.get("rope_type")
         if rt not in SUPPORTED_ROPE_TYPES:
-            raise UserError(
-                f"{source}: rope_scaling.rope_type {rt!r} is not supported; "
-                f"use one of {', '.join(SUPPORTED_ROPE_TYPES)}"
-            )
+            raise UserError(f"{source}: rope_scaling.rope_type {rt!r} is not supported; "
+                            f"use one of {', '.join(SUPPORTED_ROPE_TYPES)}")
         need = {"linear": ("factor",),
                 "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(rt, ())
         missing = [k for k in need if k not in cfg.rope_scaling]

@@ -69,10 +69,8 @@ def build_model_config(args: Arguments):
     cfg.generation = read_generation(model_dir)  # (a preset has none)
     cfg.validate(pretrained=pretrained)
     key = "--max_seq_length" if args.explicit.get("max_seq_length") == "command line" else "max_seq_length"
-    if pretrained and isinstance(seq, int) and (window := config_checks.window_note(cfg, str(path), seq, key)):
-        args.rewritten += (window,)  # weights trained with a sliding window, at a length where it changes nothing
-    if isinstance(seq, int) and (rope := config_checks.paddlenlp_rope_note(cfg, str(path), seq, key)):
-        args.rewritten += (rope,)  # PaddleNLP's rope_scaling_type where it changes nothing (else refused)
+    if isinstance(seq, int):  # weights' sliding window, PaddleNLP's rope_scaling_type: where they change nothing
+        args.rewritten += tuple(config_checks.length_notes(cfg, str(path), seq, key, pretrained))
     if past := past_positions(cfg, seq, trained=CheckpointDir(model_dir).trained_length):
         # pretrained weights train past their range, as PaddleNLP's continue_training does, and keep its number:
         # under llama3/yarn scaling it is part of the frequencies (transformers reads it as
