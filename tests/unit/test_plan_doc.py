@@ -4,6 +4,7 @@ Figures its prose quotes beside a command are checked too (`PROSE`: the command'
 model's own terms where the report prints no such field), so a change to the planner cannot leave them stale."""
 import dataclasses
 import json
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -113,6 +114,23 @@ PROSE = [  # (the pieces of a command PLAN.md's prose gives, in order, the --jso
       "--recompute true"), "before." + SPEED, "85,036"),
     ((V3_EP8,), "traffic_gb_per_step.dp", "16.55"),
     ((V3_PP16,), "mtp.memory_gib", "201.36"), ((V3_PP16,), "memory_gib", "892.59")]
+
+
+KEPT = ("pretrain-cli plan configs/llama-3-8b_pretrain.json --model_name_or_path meta-llama/Llama-2-7b-hf "
+        "--device A100-80GB --gpus 8 --fit")
+
+
+def test_the_quoted_kept_layout_line_is_what_fit_prints(tmp_path, monkeypatch, capsys):
+    """PLAN.md quotes the line `--fit` prints where it keeps the file's layout (`fit_report.format_fit`'s `no change:`
+    line, up to `kept`) beside the command that prints it: the quote is that line word for word, so neither can say
+    another reason than the other (the line's reason changed and PLAN.md's paragraph kept the old one)."""
+    text = " ".join((REPO / "docs" / "PLAN.md").read_text(encoding="utf-8").split())
+    quotes = re.findall(r"`(no change: the file's layout is within [^`]*: kept)`", text)
+    assert f"`{KEPT}`" in text and len(quotes) == 1, quotes
+    _checkout(tmp_path, monkeypatch)
+    assert cli_main(shlex.split(KEPT)[1:]) == 0
+    line = next(n.strip() for n in capsys.readouterr().out.splitlines() if n.strip().startswith("no change: "))
+    assert line[:line.index(": kept") + len(": kept")] == quotes[0]
 
 
 @pytest.mark.parametrize("pieces,field,figure", PROSE, ids=[f"{x[1]}={x[2]}" for x in PROSE])

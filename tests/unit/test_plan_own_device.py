@@ -81,7 +81,7 @@ def test_a_device_name_typed_another_way_needs_no_note(name, noted):
     assert any(n.startswith(f"device: --device {name} is planned as") for n in r.notes) == noted
 
 
-def test_fit_keeps_the_files_layout_within_the_speed_models_error(capsys):
+def test_fit_keeps_the_files_layout_under_the_policys_threshold(capsys):
     """Llama-2-7B over PaddleNLP's llama-3-8b file on 8 A100: --fit changed tp 2 -> 1 and accumulation 16 -> 8 for
     a predicted +1.5 %."""
     _, f = fit_file(LLAMA3_8B, LLAMA2_7B, "A100-80GB", 8)
