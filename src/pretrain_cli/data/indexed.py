@@ -190,6 +190,8 @@ def _open_mmidx(prefix: str) -> IndexedDataset:
     if size not in (want, want + n):  # Megatron-core may append int8 sequence_modes[N]
         _fail(idx_path, f"truncated or corrupt: {size} bytes, expected {want} for {n} sequences and {d} doc_idx "
                         "entries")
+    if n and size == want + n:
+        _text_modes_only(idx_path, np.memmap(idx_path, np.int8, "r", want, (n,)))
     dtype = np.dtype(DTYPE_CODES[code])
     sizes = np.memmap(idx_path, np.int32, "r", HEADER_BYTES, (n,)) if n else np.zeros(0, np.int32)
     pointers = np.memmap(idx_path, np.int64, "r", HEADER_BYTES + 4 * n, (n,)) if n else np.zeros(0, np.int64)
@@ -201,12 +203,40 @@ def _open_mmidx(prefix: str) -> IndexedDataset:
         _fail(bin_path, "missing (the .idx exists)", "copy the .bin next to the .idx or re-run preprocess")
     bin_size = os.path.getsize(bin_path)
     if bin_size != total * dtype.itemsize:
-        _fail(bin_path, f"{bin_size} bytes, but the .idx describes {total} {dtype.name} tokens "
-              f"({total * dtype.itemsize} bytes); the pair is truncated or mismatched")
+        _wrong_bin_size(bin_path, bin_size, total, dtype, code)
     if total == 0:
         _fail(bin_path, "contains zero tokens", "preprocess a non-empty corpus")
     data = np.memmap(bin_path, dtype, "r", 0, (total,))
     return IndexedDataset(prefix, sizes, pointers, doc_idx, data, _open_lsm(prefix, total))
+
+
+def _text_modes_only(idx_path: str, modes) -> None:
+    """Megatron-core's multimodal index (`tools/preprocess_mmdata.py`: `IndexedDatasetBuilder(multimodal=True)`)
+    appends one int8 mode per sequence: 0 for text, else another kind (1: an image's raw bytes as int32). Those
+    sequences are no token ids, and read as ids they would fail later as negative or too large ids, a line that
+    does not say why; refused here, naming the modes. An index whose modes are all 0 holds text only and reads."""
+    other = np.nonzero(np.asarray(modes) != 0)[0]
+    if other.size:
+        kinds = ", ".join(str(int(m)) for m in np.unique(np.asarray(modes)[other]))
+        _fail(idx_path, f"a multimodal index (Megatron's sequence_modes): {other.size:,} of {len(modes):,} sequences "
+                        f"are of mode {kinds}, not text (mode 0), the first sequence {int(other[0])}; their bytes "
+                        "are no token ids", "train on a text-only pair (Megatron's tools/preprocess_data.py, or "
+                        "`pretrain-cli preprocess`)")
+
+
+def _wrong_bin_size(bin_path: str, bin_size: int, total: int, dtype: np.dtype, code: int) -> None:
+    """A `.bin` of the other token width than its `.idx` says (its size is the tokens at 2 or 4 bytes: a `.bin`
+    written for another vocabulary size, since Megatron and `preprocess` write uint16 below 65,500 ids, else int32)
+    is said to be that, not only "truncated or mismatched": re-creating it is not the fix, pairing it is."""
+    want = total * dtype.itemsize
+    width = next((w for w in (2, 4) if w != dtype.itemsize and bin_size == total * w), None)
+    if width is not None:
+        _fail(bin_path, f"{bin_size} bytes: {total} tokens of {width} bytes ({'uint16' if width == 2 else 'int32'}), "
+                        f"but the .idx's dtype code {code} says {dtype.name}; the .bin and the .idx come from "
+                        "different writes", "put the .bin beside its own .idx, or re-create the pair")
+    short = f", {want - bin_size} bytes short" if bin_size < want else ""
+    _fail(bin_path, f"{bin_size} bytes, but the .idx describes {total} {dtype.name} tokens ({want} bytes){short}; "
+                    "the pair is truncated or mismatched")
 
 
 def _open_lsm(prefix: str, total: int):

@@ -23,7 +23,9 @@ def summarize(ds, tokenizer=None, eos: int | None = None) -> dict:
     doc_len = seq_start[doc_idx[1:]] - seq_start[doc_idx[:-1]]  # [documents] tokens per document
     hist: dict[str, int] = {}
     if doc_len.size:
-        buckets = np.floor(np.log2(np.maximum(doc_len, 1))).astype(np.int64)
+        if (doc_len == 0).any():  # Megatron's empty documents (no sequence between two doc_idx entries), not length 1
+            hist["0"] = int((doc_len == 0).sum())
+        buckets = np.floor(np.log2(doc_len[doc_len > 0])).astype(np.int64)
         for b, c in zip(*np.unique(buckets, return_counts=True)):
             hist[f"{2 ** int(b)}-{2 ** (int(b) + 1) - 1}"] = int(c)
     out = {

@@ -1,0 +1,106 @@
+"""Token files as Megatron-LM's own tools write them (W4's walk): `tools/preprocess_data.py` through
+megatron/core/datasets/indexed_dataset.py's `IndexedDatasetBuilder`, re-typed here from that file, with its
+sentence-level documents (`--split-sentences`), its empty documents (a document index entry with no sequence) and
+its multimodal index (`multimodal=True`: one int8 mode per sequence after the document index,
+`tools/preprocess_mmdata.py` writing each image's raw bytes as an int32 sequence of mode 1)."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from pretrain_cli.data.indexed import open_token_file
+from pretrain_cli.data.inspect import summarize
+from pretrain_cli.errors import UserError
+
+CODES = {np.uint16: 8, np.int32: 4}
+
+
+class MegatronBuilder:
+    """IndexedDatasetBuilder: add_document(ids, lengths, modes), end with finalize (its _IndexWriter)."""
+
+    def __init__(self, prefix: str, dtype=np.uint16, multimodal: bool = False):
+        self.prefix, self.dtype, self.multimodal = prefix, dtype, multimodal
+        self.data = open(prefix + ".bin", "wb")
+        self.sequence_lengths, self.document_indices = [], [0]
+        self.sequence_modes = [] if multimodal else None
+
+    def add_document(self, ids, lengths, modes=None):
+        self.data.write(np.array(ids, dtype=self.dtype).tobytes(order="C"))
+        self.sequence_lengths.extend(lengths)
+        self.document_indices.append(len(self.sequence_lengths))
+        if self.multimodal:
+            self.sequence_modes.extend(modes if modes is not None else [0] * len(lengths))
+
+    def finalize(self):
+        self.data.close()
+        item = np.dtype(self.dtype).itemsize
+        pointers = np.concatenate(([0], np.cumsum(self.sequence_lengths[:-1], dtype=np.int64) * item))
+        with open(self.prefix + ".idx", "wb") as f:
+            f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", CODES[self.dtype]))
+            f.write(struct.pack("<Q", len(self.sequence_lengths)) + struct.pack("<Q", len(self.document_indices)))
+            f.write(np.array(self.sequence_lengths, np.int32).tobytes() + pointers.astype(np.int64).tobytes())
+            f.write(np.array(self.document_indices, np.int64).tobytes())
+            if self.sequence_modes is not None:
+                f.write(np.array(self.sequence_modes, np.int8).tobytes())
+
+
+def _sentences(prefix, dtype=np.uint16, multimodal=False):
+    """Three documents of sentences (the last with Megatron's EOD 2 appended to its last sentence), one empty."""
+    b = MegatronBuilder(prefix, dtype, multimodal)
+    b.add_document([5, 6, 7, 8, 2], [3, 2])
+    b.add_document([], [])  # preprocess_data.py's document whose text gave no ids
+    b.add_document([9, 10, 11, 2], [1, 3])
+    b.finalize()
+    return prefix
+
+
+def test_sentence_level_file_with_an_empty_document_reads_and_counts_it_as_empty(tmp_path):
+    ds = open_token_file(_sentences(str(tmp_path / "c_text_sentence")))
+    assert (ds.num_documents, len(ds), ds.num_tokens) == (3, 4, 9)
+    assert ds.get(1).tolist() == [8, 2] and ds.doc_idx.tolist() == [0, 2, 2, 4]
+    info = summarize(ds)
+    assert info["doc_length"]["min"] == 0
+    # the empty document is its own bucket, not one of length 1 ("1-1" held it)
+    assert info["length_histogram"] == {"0": 1, "4-7": 2}
+
+
+def test_multimodal_index_of_text_only_reads(tmp_path):
+    ds = open_token_file(_sentences(str(tmp_path / "t"), multimodal=True))
+    assert (ds.num_documents, ds.num_tokens) == (3, 9) and ds.get(3).tolist() == [10, 11, 2]
+
+
+def test_multimodal_index_with_images_is_refused_naming_the_modes(tmp_path):
+    b = MegatronBuilder(str(tmp_path / "mm"), np.int32, multimodal=True)
+    image = np.frombuffer(bytes(range(200, 216)), dtype=np.int32)  # preprocess_mmdata.py's raw image bytes
+    for _ in range(2):
+        b.add_document([5, 6, 2, *image], [3, image.size], [0, 1])
+    b.finalize()
+    with pytest.raises(UserError) as e:
+        open_token_file(tmp_path / "mm")
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path / 'mm'}.idx: a multimodal index") and "\n" not in msg
+    assert "2 of 4 sequences are of mode 1" in msg and "sequence 1;" in msg and "preprocess_data.py" in msg
+
+
+@pytest.mark.parametrize("idx_dtype,bin_dtype,said", [
+    (np.uint16, np.int32, "9 tokens of 4 bytes (int32), but the .idx's dtype code 8 says uint16"),
+    (np.int32, np.uint16, "9 tokens of 2 bytes (uint16), but the .idx's dtype code 4 says int32"),
+])
+def test_bin_of_the_other_dtype_is_named_as_such(tmp_path, idx_dtype, bin_dtype, said):
+    _sentences(str(tmp_path / "a"), idx_dtype)
+    _sentences(str(tmp_path / "b"), bin_dtype)
+    (tmp_path / "a.bin").write_bytes((tmp_path / "b.bin").read_bytes())
+    with pytest.raises(UserError, match="different writes; put the .bin beside its own .idx") as e:
+        open_token_file(tmp_path / "a")
+    assert said in str(e.value)
+
+
+def test_truncated_bin_says_how_short(tmp_path):
+    prefix = _sentences(str(tmp_path / "a"))
+    data = open(prefix + ".bin", "rb").read()
+    open(prefix + ".bin", "wb").write(data[:-6])
+    with pytest.raises(UserError, match=r"12 bytes, but the .idx describes 9 uint16 tokens \(18 bytes\), 6 bytes "
+                                        "short; the pair is truncated or mismatched"):
+        open_token_file(prefix)
