@@ -5,18 +5,37 @@ line read as saved, and the re-run resumed from checkpoint-3 unexplained (tests/
 the same through scripts/launch.sh). A "rank" here is this process; its records are written by the test."""
 import os
 import signal
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
-from pretrain_cli.distributed.launcher import progress, watcher
+from pretrain_cli import processes
+from pretrain_cli.distributed.launcher import progress, unsaved, watcher
 from pretrain_cli.training import async_save
 
 
-def _watcher(tmp_path, output_dir=None, **kw):
+@pytest.fixture
+def stopped():
+    """The host's two ranks as the watchers leave them before the line (`unsaved.settle`): processes stopped (a
+    watcher's hold, SIGSTOP), so none can publish a write any more. {rank: pid}"""
+    children = [subprocess.Popen(["sleep", "120"]) for _ in range(2)]
+    for child in children:
+        os.kill(child.pid, signal.SIGSTOP)
+    while not all(processes.stopped(c.pid, traced=False) for c in children):
+        time.sleep(0.01)
+    yield {r: c.pid for r, c in enumerate(children)}
+    for child in children:
+        child.kill()
+        child.wait()
+
+
+def _watcher(tmp_path, output_dir=None, ranks=None, **kw):
     shared = tmp_path / "shared"
     shared.mkdir(parents=True, exist_ok=True)
-    return watcher.Watcher(0, {0: os.getpid(), 1: os.getpid()}, "h", shared, None, grace=1.0,
+    return watcher.Watcher(0, ranks or {0: os.getpid(), 1: os.getpid()}, "h", shared, None, grace=1.0,
                            output_dir=str(output_dir) if output_dir else None, **kw)
 
 
@@ -32,10 +51,10 @@ def _records(w, writing: dict, stuck_phase: str = "forward/backward"):
     return recs
 
 
-def test_a_hung_rank_is_named_with_the_checkpoint_its_background_write_leaves_unsaved(tmp_path):
+def test_a_hung_rank_is_named_with_the_checkpoint_its_background_write_leaves_unsaved(tmp_path, stopped):
     out = tmp_path / "out"
     (out / "checkpoint-3").mkdir(parents=True)
-    w = _watcher(tmp_path, out, hang_timeout=10.0)
+    w = _watcher(tmp_path, out, stopped, hang_timeout=10.0)
     _records(w, {1: 6, 0: 6})  # rank 0's write of checkpoint-6 waits for rank 1's part
     cause = w._check_progress(os.open(os.devnull, os.O_WRONLY))
     assert cause["kind"] == "hung" and cause["ranks"] == [1] and cause["writing"] == {"0": 6, "1": 6}
@@ -43,13 +62,13 @@ def test_a_hung_rank_is_named_with_the_checkpoint_its_background_write_leaves_un
     assert ("rank 0: rank 1 (pid %d on h) made no progress for 30 s while in forward/backward at step 7, with its "
             "background write of checkpoint-6 unfinished: checkpoint-6 was not saved; this rank stops too. See that "
             "rank's workerlog for its cause; re-run to resume from %s, the newest complete checkpoint."
-            % (os.getpid(), out / "checkpoint-3")) in line, line
+            % (stopped[1], out / "checkpoint-3")) in line, line
     # the verdict is shared as JSON (every watcher of the host writes the one published): the same line from it
     assert w._line(w.evidence.decided()) == line
 
 
-def test_only_another_ranks_write_in_flight_is_said_cut_short(tmp_path):
-    w = _watcher(tmp_path, tmp_path / "out", hang_timeout=10.0)
+def test_only_another_ranks_write_in_flight_is_said_cut_short(tmp_path, stopped):
+    w = _watcher(tmp_path, tmp_path / "out", stopped, hang_timeout=10.0)
     _records(w, {0: 6})  # rank 1 hung in a step with nothing in flight; rank 0 still writes checkpoint-6
     line = w._line(w._check_progress(os.open(os.devnull, os.O_WRONLY)))
     assert ("while in forward/backward at step 7; the background write of checkpoint-6 (rank 0) was cut short: "
@@ -68,14 +87,95 @@ def test_nothing_is_said_of_a_write_published_meanwhile_nor_when_none_was_in_fli
     assert "writing" not in cause and " at step 7; this rank stops too." in idle._line(cause)
 
 
-def test_a_rank_killed_during_its_background_write_is_named_with_it_and_its_notice_says_it_once(tmp_path):
-    w = _watcher(tmp_path, tmp_path / "out")
+_RANK_0 = """
+import os, signal, sys, time
+peer, out, publishes = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+def dead(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
+    except OSError:
+        return True
+while not dead(peer):
+    time.sleep(0.01)
+time.sleep(0.2)  # (its watcher has not seen the death yet)
+if publishes:
+    os.mkdir(os.path.join(out, "checkpoint-6"))
+os.kill(os.getpid(), signal.SIGSTOP)  # held by its watcher
+"""
+
+
+@pytest.mark.parametrize("publishes", [True, False], ids=["published-meanwhile", "never-published"])
+def test_the_line_waits_for_the_hosts_ranks_to_stop_before_it_says_a_write_is_lost(tmp_path, publishes):
+    """Rank 1 hung, rank 0's background write of checkpoint-6 in flight (its publish: rank 1's part is in). Each
+    watcher kills only its own rank, so rank 1's watcher wrote its line before rank 0 was stopped, and rank 0 could
+    publish checkpoint-6 in that gap: the line said `checkpoint-6 (rank 0) was cut short: checkpoint-6 was not saved;
+    ... resume from out/checkpoint-3` of a run whose re-run resumed from checkpoint-6. Now the line waits until the
+    host's ranks are dead or stopped (`unsaved.settle`), then looks: rank 0 here publishes 0.2 s after rank 1's death,
+    then is stopped (as its watcher holds it)."""
+    out = tmp_path / "out"
+    (out / "checkpoint-3").mkdir(parents=True)
+    hung = subprocess.Popen(["sleep", "120"])
+    rank0 = subprocess.Popen([sys.executable, "-c", _RANK_0, str(hung.pid), str(out), "1" if publishes else "0"])
+    try:
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        w = watcher.Watcher(1, {0: rank0.pid, 1: hung.pid}, "h", shared, None, grace=5.0, output_dir=str(out))
+        log = os.open(tmp_path / "workerlog.1", os.O_WRONLY | os.O_CREAT)
+        w._end({"kind": "hung", "ranks": [1], "statuses": [None], "seconds": 30.0, "phase": "forward/backward",
+                "step": 7, "writing": {"0": 6}}, [], None, log)
+        os.close(log)
+        line = (tmp_path / "workerlog.1").read_text()
+    finally:
+        for child in (hung, rank0):
+            child.kill()
+            child.wait()
+    said = f"rank 1 (pid {hung.pid} on h) made no progress for 30 s while in forward/backward at step 7"
+    if publishes:
+        assert (f"{said}; the other ranks stop too. Re-run the same command (or launch with MAX_RESTART) to resume "
+                f"from {out / 'checkpoint-6'}, the newest complete checkpoint.") in line, line
+    else:
+        assert (f"{said}; the background write of checkpoint-6 (rank 0) was cut short: checkpoint-6 was not saved; "
+                f"the other ranks stop too. Re-run the same command (or launch with MAX_RESTART) to resume from "
+                f"{out / 'checkpoint-3'}, the newest complete checkpoint.") in line, line
+
+
+def test_a_write_that_may_still_be_published_is_said_unpublished_not_lost(tmp_path, stopped):
+    """Said "not saved" only once nothing can publish it: a rank of the host still running when the line is written
+    (`unsaved.WAIT` s after the stop), or rank 0 on another host with every part of this host's ranks written, may
+    still publish it, and the line then says what it saw, not that it was lost (the old line: `checkpoint-6 was not
+    saved`, of a checkpoint the re-run may resume from)."""
+    out = tmp_path / "out"
+    w = _watcher(tmp_path, out, hang_timeout=10.0)  # its ranks: this process, running
+    _records(w, {1: 6, 0: 6})
+    assert ("while in forward/backward at step 7, with its background write of checkpoint-6 under way: checkpoint-6 "
+            "was not published when this line was written (rank 0 may still publish it); this rank stops too."
+            ) in w._line(w._check_progress(os.open(os.devnull, os.O_WRONLY)))
+    peer = _watcher(tmp_path / "b", out, hang_timeout=10.0)
+    _records(peer, {0: 6})
+    assert ("at step 7; the background write of checkpoint-6 (rank 0) was under way: checkpoint-6 was not published "
+            "when this line was written (rank 0 may still publish it); this rank stops too."
+            ) in peer._line(peer._check_progress(os.open(os.devnull, os.O_WRONLY)))
+    # rank 0 elsewhere: lost for good only while a rank here lacks its part (a death notice is none)
+    host = {1: stopped[1]}
+    assert unsaved.clause({"1": 6}, [1], out, host) == ", with its background write of checkpoint-6 unfinished: " \
+        "checkpoint-6 was not saved"
+    part = out / "checkpoint-6.tmp" / unsaved.PART.format(1)
+    part.parent.mkdir(parents=True)
+    part.write_text('{"rank": 1, "files": {}, "pieces": []}')
+    assert unsaved.clause({"1": 6}, [1], out, host) == ", with its background write of checkpoint-6 under way: " \
+        "checkpoint-6 was not published when this line was written (rank 0 may still publish it)"
+    part.write_text('{"rank": 1, "lost": "rank 1 (pid 5 on h) died: killed by SIGKILL"}')
+    assert unsaved.clause({"1": 6}, [1], out, host).endswith("unfinished: checkpoint-6 was not saved")
+
+
+def test_a_rank_killed_during_its_background_write_is_named_with_it_and_its_notice_says_it_once(tmp_path, stopped):
+    w = _watcher(tmp_path, tmp_path / "out", stopped)
     w.evidence.statuses = {1: signal.SIGKILL}
     w.evidence.gone = lambda: {1}  # noqa: E731
     _records(w, {1: 6})
     cause = w.evidence.death_cause()
     assert cause == {"kind": "died", "ranks": [1], "statuses": [signal.SIGKILL], "writing": {"1": 6}}
-    assert (f"rank 1 (pid {os.getpid()} on h) died: killed by SIGKILL, with its background write of checkpoint-6 "
+    assert (f"rank 1 (pid {stopped[1]} on h) died: killed by SIGKILL, with its background write of checkpoint-6 "
             f"unfinished: checkpoint-6 was not saved; this rank stops too.") in w._line(cause)
     # the death notice for rank 0 (read as "..., while writing its part of checkpoint-6"): no second word of it
     owed = tmp_path / "ckpt.tmp" / "rank-00001.done.json"

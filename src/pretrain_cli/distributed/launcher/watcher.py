@@ -204,6 +204,8 @@ class Watcher:
             own = [cause["statuses"][culprits.index(self.me)]]
             # (the notice is read as "while writing its part of checkpoint-N" already: no word of the write here)
             self._pay(self._named({**cause, "ranks": [self.me], "statuses": own, "writing": None}))
+        if cause.get("writing"):  # a write in flight: said lost only once no rank of the host can publish it
+            unsaved.settle(self.ranks.values())
         os.write(log, self._line(cause).encode())
         if self.verdicts is not None:
             from pretrain_cli.distributed.launcher import job
@@ -318,7 +320,8 @@ class Watcher:
         background checkpoint writes the stop leaves unsaved (`unsaved.clause`)."""
         causes, statuses, elsewhere = cause["ranks"], cause["statuses"], self._elsewhere()
         # (the loss of a rank elsewhere names no rank of this host as its cause: any write here is one cut short)
-        lost = unsaved.clause(cause.get("writing"), [] if cause["kind"] == "lost" else causes, self.output[0])
+        lost = unsaved.clause(cause.get("writing"), [] if cause["kind"] == "lost" else causes, self.output[0],
+                              self.ranks)
         if cause["kind"] == "lost":
             named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) "
                               + ("was aborted by the collective library" if (st or 0) & 0x7F == signal.SIGABRT
