@@ -95,6 +95,7 @@ def dead(pid):
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
     except OSError:
         return True
+open(os.path.join(out, "ready"), "w").close()
 while not dead(peer):
     time.sleep(0.01)
 time.sleep(0.2)  # (its watcher has not seen the death yet)
@@ -105,18 +106,23 @@ os.kill(os.getpid(), signal.SIGSTOP)  # held by its watcher
 
 
 @pytest.mark.parametrize("publishes", [True, False], ids=["published-meanwhile", "never-published"])
-def test_the_line_waits_for_the_hosts_ranks_to_stop_before_it_says_a_write_is_lost(tmp_path, publishes):
+def test_the_line_waits_for_the_hosts_ranks_to_stop_before_it_says_a_write_is_lost(tmp_path, monkeypatch,
+                                                                                    publishes):
     """Rank 1 hung, rank 0's background write of checkpoint-6 in flight (its publish: rank 1's part is in). Each
     watcher kills only its own rank, so rank 1's watcher wrote its line before rank 0 was stopped, and rank 0 could
     publish checkpoint-6 in that gap: the line said `checkpoint-6 (rank 0) was cut short: checkpoint-6 was not saved;
     ... resume from out/checkpoint-3` of a run whose re-run resumed from checkpoint-6. Now the line waits until the
     host's ranks are dead or stopped (`unsaved.settle`), then looks: rank 0 here publishes 0.2 s after rank 1's death,
     then is stopped (as its watcher holds it)."""
+    monkeypatch.setattr(unsaved, "WAIT", 30.0)  # (a loaded machine: the wait ends as rank 0 stops)
     out = tmp_path / "out"
     (out / "checkpoint-3").mkdir(parents=True)
     hung = subprocess.Popen(["sleep", "120"])
     rank0 = subprocess.Popen([sys.executable, "-c", _RANK_0, str(hung.pid), str(out), "1" if publishes else "0"])
     try:
+        while not (out / "ready").exists():  # (its interpreter started: it sees the death from now on)
+            assert rank0.poll() is None
+            time.sleep(0.01)
         shared = tmp_path / "shared"
         shared.mkdir()
         w = watcher.Watcher(1, {0: rank0.pid, 1: hung.pid}, "h", shared, None, grace=5.0, output_dir=str(out))

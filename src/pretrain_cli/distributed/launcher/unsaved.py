@@ -29,10 +29,10 @@ WAIT = 1.0  # the longest a watcher waits for its host's ranks to be dead or sto
 PART = "rank-{:05d}.done.json"  # a rank's record of its finished part (`training.shard_writer.RECORD`, a layer above)
 
 
-def settle(pids, seconds: float = WAIT) -> None:
-    """Wait until every process of `pids` (the host's ranks) is dead or stopped, for at most `seconds`: each watcher
+def settle(pids) -> None:
+    """Wait until every process of `pids` (the host's ranks) is dead or stopped, for at most `WAIT` s: each watcher
     kills or holds (SIGSTOP) only its own rank, and a rank still running may yet publish a write in flight."""
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + WAIT
     while not _quiet(pids) and time.monotonic() < deadline:
         time.sleep(0.02)
 
