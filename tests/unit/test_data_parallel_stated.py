@@ -38,3 +38,25 @@ def test_under_a_sharding_group_of_every_data_rank_the_line_names_the_sharding_d
         resolve_run("--data_parallel_degree", "2", "--sharding", "stage1", world=4)
     assert ("data_parallel_degree: 2, but 4 processes / (sharding 4) give 1 data rank; set sharding_parallel_degree: "
             "2 (ZeRO over the rest), run it on 8 processes") in str(e.value)
+
+
+def test_the_launch_a_file_is_written_for_counts_its_stated_data_parallel_degree():
+    """`check` on one process names, and `plan` without --gpus plans, the processes the file's parallel keys run on
+    (`fewest_processes`): a stated data-parallel degree counts there too, else the world they name is one the
+    refusal above refuses (`plan` of a tp 2 file stating data_parallel_degree 2 planned 2 processes and failed)."""
+    from run_helpers import BASE
+
+    from pretrain_cli.config.one_process import fewest_processes
+    from pretrain_cli.config.parser import parse_config
+
+    def need(*argv):
+        return fewest_processes(parse_config(None, [*BASE, *argv]))[0]
+
+    assert need("--tensor_parallel_degree", "2", "--data_parallel_degree", "2") == 4
+    assert need("--pipeline_parallel_degree", "2", "--data_parallel_size", "3") == 6
+    assert need("--data_parallel_degree", "2", "--sharding", "stage1", "--sharding_parallel_degree", "2") == 2
+    assert need("--data_parallel_degree", "3", "--sharding", "stage1", "--sharding_parallel_degree", "2") == 6
+    assert need("--tensor_parallel_degree", "2", "--data_parallel_degree", "1") == 2
+    for world in (4, 6):  # each such world passes resolve
+        assert resolve_run("--pipeline_parallel_degree", "2", "--data_parallel_size", str(world // 2),
+                           "--gradient_accumulation_steps", "4", world=world).parallel.dp_degree == world // 2

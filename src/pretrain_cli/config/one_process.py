@@ -13,19 +13,38 @@ from pretrain_cli.errors import Problems
 def fewest_processes(args) -> tuple[int, str]:
     """(the fewest processes the file's parallel keys run on, the degrees that make it, e.g. "pipeline_parallel_degree
     2 x 4 data ranks for expert_parallel_degree 4 and sharding_parallel_degree 4"): tp x pp x sep x cp x the data
-    ranks, which expert_parallel_degree and, under a sharding stage, sharding_parallel_degree must divide (the least
-    common multiple of both; `config.parallel` refuses a world they do not divide). (1, "") for a file without them."""
+    ranks, which expert_parallel_degree and, under a sharding stage, sharding_parallel_degree must divide, and which a
+    stated data-parallel degree gives (`stated_data_parallel`; the least common multiple of them: `config.parallel`
+    refuses a world they do not divide, or that does not give the stated one). (1, "") for a file without them."""
     t = args.training
     axes = [(k, max(getattr(t, k), 1)) for k in ("tensor_parallel_degree", "pipeline_parallel_degree",
                                                  "sep_parallel_degree", "context_parallel_degree")]
-    data = [("expert_parallel_degree", max(t.expert_parallel_degree, 1))]
-    if t.sharding.strip():
-        data.append(("sharding_parallel_degree", max(t.sharding_parallel_degree, 1)))
-    ranks = math.lcm(*(d for _, d in data))
+    data = [("expert_parallel_degree", max(t.expert_parallel_degree, 1))]  # (key, degree, the data ranks it takes)
+    sharding = max(t.sharding_parallel_degree, 1) if t.sharding.strip() else 1
+    data = [(k, d, d) for k, d in [*data, ("sharding_parallel_degree", sharding)]]
+    for key, stated in stated_data_parallel(args):  # its data ranks, or its dp x the sharding group (PaddleNLP's)
+        data.append((key, stated, stated if stated % sharding == 0 else stated * sharding))
+    ranks = math.lcm(*(n for _, _, n in data))
     parts = [f"{k} {d}" for k, d in axes if d > 1]
     if ranks > 1:
-        parts.append(f"{ranks} data ranks for {' and '.join(f'{k} {d}' for k, d in data if d > 1)}")
+        parts.append(f"{ranks} data ranks for {' and '.join(f'{k} {d}' for k, d, _ in data if d > 1)}")
     return math.prod(d for _, d in axes) * ranks, " x ".join(parts)
+
+
+def stated_data_parallel(args) -> list[tuple[str, int]]:
+    """The data-parallel degrees the file states above 1 (PaddleNLP's `data_parallel_degree`, PaddleFormers'
+    `data_parallel_size`: keys without effect, the data ranks computed as PaddleNLP computes them), as (key, degree);
+    a value that is not a whole number is left to the key's note. `config.parallel` refuses a world that does not give
+    one, and `fewest_processes` counts it, so the launch it names is one that passes."""
+    out = []
+    for key in ("data_parallel_degree", "data_parallel_size"):
+        try:
+            stated = int(str(args.extra.get(key, 1)))
+        except ValueError:
+            continue
+        if stated > 1:
+            out.append((key, stated))
+    return out
 
 
 def _launch_words(need: int, device: str) -> str:

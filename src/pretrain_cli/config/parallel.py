@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pretrain_cli.config.context import context_degree, context_fits
 from pretrain_cli.config.expert import expert_degree
-from pretrain_cli.config.one_process import one_process_notes
+from pretrain_cli.config.one_process import one_process_notes, stated_data_parallel
 from pretrain_cli.config.parser import Arguments
 from pretrain_cli.config.pipeline import resolve_pipeline
 from pretrain_cli.config.refusals import Degrees, refusals
@@ -45,18 +45,15 @@ def _stated_data_ranks(args: Arguments, world: int, degrees: dict, auto_sharding
     keys without effect, the data ranks being computed as PaddleNLP computes them) that this layout does not give is
     refused: the run would train on other data ranks, so on another global batch, than the file says. The run's dp
     (PaddleNLP's: world / (sharding x tp x pp x cp)) and its data ranks (dp x sharding) both match; -1/0/1 are the
-    keys' defaults. Said with the processes the stated degree would take, or, where the sharding group takes every
-    data rank (`sharding_parallel_degree` -1), the sharding degree that leaves it (`auto_sharding`)."""
+    keys' defaults (`one_process.stated_data_parallel`). Said with the processes the stated degree would take, or,
+    where the sharding group takes every data rank (`sharding_parallel_degree` -1), the sharding degree that leaves
+    it (`auto_sharding`)."""
     others = 1
     for d in degrees.values():
         others *= d
-    for key in ("data_parallel_degree", "data_parallel_size"):
-        try:
-            stated = int(str(args.extra.get(key, 1)))
-        except ValueError:
-            continue  # (not a number: the key's note says it is not read)
+    for key, stated in stated_data_parallel(args):
         dp = world // others
-        if stated <= 1 or stated in (dp, dp * degrees["sharding"]):
+        if stated in (dp, dp * degrees["sharding"]):
             continue
         axes = " x ".join(f"{n} {d}" for n, d in degrees.items() if d > 1)
         ranks = dp * degrees["sharding"]
