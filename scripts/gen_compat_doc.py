@@ -7,6 +7,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 from pretrain_cli.config.paddleformers_keys import DEFAULTS, OUR_DEFAULTS, PIPELINE  # noqa: E402
+from pretrain_cli.config.megatron_names import MEGATRON, MODEL as MEGATRON_MODEL  # noqa: E402
 from pretrain_cli.config.paddlenlp_keys import (ALIAS_OF, ALIASES, AS_HERE, ATTENTION, FLAGS, IGNORED,  # noqa: E402
                                                 SWITCHES)
 from pretrain_cli.config.keys import KEYS, type_name  # noqa: E402
@@ -159,6 +160,15 @@ def render() -> str:
               "`use_flash_attention`: " + ", ".join(f"`{k}`: `{json.dumps(v)}`" for k, v in ATTENTION.items()) +
               " (`flashmask`, its default, and `sdpa`, Paddle's scaled_dot_product_attention, take the flash-attn "
               "kernel on GPU); another one (`sink`) is refused."]
+    lines += ["\n## Megatron-LM's argument names\n",
+              "Not keys here, in either spelling (`--train-iters`, `train_iters`): each is refused in one line naming "
+              "what to set instead (`config/megatron_names.py`), where the nearest spelling among the keys would "
+              "name another key (`train_iters`: `eval_iters`). Megatron's names that are keys here with the same "
+              "meaning (`split`, `seed`, `eval_iters`, `weight_decay`, `bf16`, `sequence_parallel`) are read, "
+              "hyphenated too.\n",
+              "| Megatron-LM | here |", "|---|---|"]
+    lines += [f"| `--{k.replace('_', '-')}` | {v} |" for k, v in MEGATRON.items()]
+    lines += [f"| `--{k.replace('_', '-')}` | the model's config.json: `{v}` |" for k, v in MEGATRON_MODEL.items()]
     lines += [PADDLEFORMERS,
               "| key | default there |", "|---|---|"]
     lines += [f"| `{k}` | `{json.dumps(d)}` |" for k, d in PIPELINE.items()]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pretrain_cli.config.arguments import SECTIONS, DataArguments, ModelArguments
 from pretrain_cli.config.keys import KEYS, coerce, type_name
+from pretrain_cli.config.megatron_names import megatron_hint
 from pretrain_cli.config.paddleformers_keys import PIPELINE, pipeline, take_defaults
 from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED, attention, check_value, whose
 from pretrain_cli.config.training_arguments import TrainingArguments
@@ -57,13 +58,18 @@ def _unknown(key: str, where: str, options=()) -> UserError:
     """Did-you-mean over the training keys and `options`, the command's own `--options` (`generate --max_new_token`
     means `--max_new_tokens`, not the nearest training key). A key that begins exactly one name is that name's
     abbreviation, which PaddleNLP's argparse would have taken (`--max_seq`: `max_seq_length`, not the nearer
-    spelling `max_steps`)."""
+    spelling `max_steps`). Megatron-LM's names, in either spelling, are answered with the key that says them here
+    (`config.megatron_names`): their nearest spelling is often another key (`train_iters`: `eval_iters`)."""
     own = {o.lstrip("-").replace("-", "_"): o for o in options}
-    begun = [name for name in [*own, *KEYS] if name.startswith(key)]
-    close = begun if len(begun) == 1 else difflib.get_close_matches(key, [*own, *KEYS], n=1, cutoff=0.6)
-    if close and close[0] in own:
+    name = key.replace("-", "_")  # `--micro-batch-size`: the spelling of Megatron's flags
+    begun = [k for k in [*own, *KEYS] if k.startswith(name)]
+    close = begun if len(begun) == 1 else difflib.get_close_matches(name, [*own, *KEYS], n=1, cutoff=0.6)
+    if close and close[0] in own:  # eval's `--data-path`: its own --data, before Megatron's meaning
         return UserError(f"{where}: unknown option `--{key}`; did you mean `{own[close[0]]}`?")
-    if key in _model_keys():  # `num_experts` is the model's, not a key with a near spelling (`no_recompute_layers`)
+    said = megatron_hint(key, own)  # `--data-path`, `--train-iters`: not the nearest spelling (data_cache, eval_iters)
+    if said:
+        return UserError(f"{where}: {said}")
+    if name in _model_keys():  # `num_experts` is the model's, not a key with a near spelling (`no_recompute_layers`)
         return UserError(f"{where}: `{key}` is a key of the model's config.json, not of the argument file; write it "
                          f"in the config.json of a model directory and name that directory as model_name_or_path "
                          f'(docs/MOE.md, "Your own model size")')
@@ -285,8 +291,9 @@ def _from_command_line(key: str, raw: list[str], pairs, own_name, values: dict, 
         value = True
     elif spec.is_list:
         value = coerce(spec, raw, where, from_text=True)
-    elif len(raw) > 1:
-        raise UserError(f"{where}: --{key} takes one value, got {len(raw)}: {' '.join(raw)}")
+    elif len(raw) > 1:  # Megatron's `--data-path 0.3 a 0.7 b` takes the blend as several; input_dir as one text
+        quote = f"; a blend is one value: quote it, --{key} \"{' '.join(raw)}\"" if key == "input_dir" else ""
+        raise UserError(f"{where}: --{key} takes one value, got {len(raw)}: {' '.join(raw)}{quote}")
     else:
         value = coerce(spec, raw[0], where, from_text=True)
     values[key] = value

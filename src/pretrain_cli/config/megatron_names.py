@@ -1,0 +1,94 @@
+"""Megatron-LM's argument names (megatron/training/arguments.py), each with the key that says it here.
+
+A user who pretrained with Megatron-LM writes its flags from memory (`--data-path`, `--seq-length`,
+`--micro-batch-size`, `--train-iters`, `--lr-decay-style`) as keys of the argument file or `--key value` overrides.
+The nearest spelling among our keys is often another key (`train_iters`: `eval_iters`; `data_path`: `data_cache`;
+`vocab_file`: `vocab_size`), which sends them astray; the unknown-key line names the key to use instead
+(`config.parser._unknown`, in one line). Only names that are not keys here are listed: Megatron names that are keys
+with the same meaning (`split`, `seed`, `eval_iters`, `weight_decay`, `bf16`, `sequence_parallel`) are read, in
+either spelling; PaddleFormers' Megatron-style degrees (`tensor_model_parallel_size`, ...) are read as its aliases,
+so only their hyphenated spellings reach this table.
+"""
+from __future__ import annotations
+
+_BATCH = "per_device_train_batch_size x gradient_accumulation_steps x data ranks"
+_STEPS = f"max_steps (optimizer steps; samples / ({_BATCH}))"
+
+# Megatron's name (underscores) -> what to set here
+MEGATRON = {
+    "data_path": 'input_dir (the same forms as one value: a prefix, a blend "0.3 prefix_a 0.7 prefix_b" quoted on '
+                 "the command line, or a directory)",
+    "train_data_path": "input_dir and split (one source or blend cut into train/valid/test)",
+    "valid_data_path": "input_dir and split (one source or blend cut into train/valid/test)",
+    "test_data_path": "input_dir and split (one source or blend cut into train/valid/test)",
+    "data_cache_path": "data_cache",
+    "seq_length": "max_seq_length",
+    "encoder_seq_length": "max_seq_length",
+    "micro_batch_size": "per_device_train_batch_size",
+    "num_layers": "num_hidden_layers (it overrides the model's config.json)",
+    "global_batch_size": f"gradient_accumulation_steps: the global batch is {_BATCH}",
+    "train_iters": "max_steps",
+    "train_samples": _STEPS,
+    "lr": "learning_rate",
+    "min_lr": "min_learning_rate",
+    "lr_decay_style": "lr_scheduler_type (linear, cosine, constant; WSD: warmup_stable_decay with decay_type)",
+    "lr_decay_iters": "decay_steps",
+    "lr_decay_samples": "decay_steps (optimizer steps)",
+    "lr_warmup_iters": "warmup_steps",
+    "lr_warmup_samples": "warmup_steps (optimizer steps)",
+    "lr_warmup_fraction": "warmup_ratio",
+    "lr_wsd_decay_style": "decay_type (with lr_scheduler_type warmup_stable_decay)",
+    "lr_wsd_decay_iters": "num_decay_steps (with lr_scheduler_type warmup_stable_decay)",
+    "clip_grad": "max_grad_norm",
+    "adam_eps": "adam_epsilon",
+    "save": "output_dir (checkpoints are written under it as checkpoint-N)",
+    "load": "output_dir (a run resumes from its newest checkpoint-N) or resume_from_checkpoint",
+    "save_interval": "save_steps",
+    "eval_interval": "eval_steps",
+    "log_interval": "logging_steps",
+    "tensorboard_dir": "logging_dir (with report_to tensorboard)",
+    "tokenizer_model": "tokenizer_name_or_path (a directory with tokenizer.json, or vocab.json + merges.txt)",
+    "tokenizer_type": "tokenizer_name_or_path (a directory with tokenizer.json, or vocab.json + merges.txt)",
+    "vocab_file": "tokenizer_name_or_path (a directory with tokenizer.json, or vocab.json + merges.txt)",
+    "merge_file": "tokenizer_name_or_path (a directory with tokenizer.json, or vocab.json + merges.txt)",
+    "use_flash_attn": "use_flash_attention",
+    "recompute_activations": "recompute (with recompute_granularity core_attn)",
+    "use_distributed_optimizer": 'sharding "stage1" with sharding_parallel_degree',
+    "tensor_model_parallel_size": "tensor_parallel_degree",
+    "pipeline_model_parallel_size": "pipeline_parallel_degree",
+    "virtual_pipeline_model_parallel_size": "virtual_pp_degree",
+    "context_parallel_size": "context_parallel_degree",
+    "expert_model_parallel_size": "expert_parallel_degree",
+    "reset_attention_mask": "attention_mask_type document",
+    "loss_scale": "scale_loss (the initial fp16 loss scale)",
+    "initial_loss_scale": "scale_loss (the initial fp16 loss scale)",
+    "num_workers": "dataloader_num_workers",
+}
+
+# Megatron's model-size arguments -> the model's config.json key (a model directory's, named by model_name_or_path)
+MODEL = {
+    "ffn_hidden_size": "intermediate_size", "num_query_groups": "num_key_value_heads",
+    "norm_epsilon": "rms_norm_eps", "rotary_base": "rope_theta", "init_method_std": "initializer_range",
+    "untie_embeddings_and_output_weights": "tie_word_embeddings: false", "moe_router_topk": "num_experts_per_tok",
+    "moe_aux_loss_coeff": "router_aux_loss_coef", "hidden_size": "hidden_size",
+    "num_attention_heads": "num_attention_heads", "max_position_embeddings": "max_position_embeddings",
+    "num_experts": "num_experts",
+}
+
+# Megatron's name -> a command's own option that says it (`eval --data PREFIX`), before the training key
+OPTION = {"data_path": "data"}
+
+
+def megatron_hint(key: str, options=()) -> str | None:
+    """"`data-path` is Megatron-LM's argument; here set input_dir (...)" for a Megatron name, in either spelling,
+    else None. `key` as the user typed it (the line quotes it so); `options`: the command's own option names
+    (underscored), where one of them is the name to use (`eval --data`)."""
+    name = key.replace("-", "_")
+    if name in OPTION and OPTION[name] in options:
+        return f"`{key}` is Megatron-LM's argument; here pass --{OPTION[name]}"
+    if name in MEGATRON:
+        return f"`{key}` is Megatron-LM's argument; here set {MEGATRON[name]}"
+    if name in MODEL and ("-" in key or name != MODEL[name]):  # hidden_size as typed: the model-key line's
+        return (f"`{key}` is Megatron-LM's argument; here the model's config.json holds it as {MODEL[name]} (in a "
+                "model directory named by model_name_or_path)")
+    return None

@@ -1,0 +1,76 @@
+"""Megatron-LM's argument names, as a user of it types them (W4's walk): the unknown-key line names the key to use
+here (`config.megatron_names`), where it named the nearest spelling among ours, another key (`--train_iters`: did
+you mean `eval_iters`; `--data-path`: `data_cache`; `--vocab-file`: `vocab_size`), or none for a hyphenated name
+(`--micro-batch-size`: see docs/COMPATIBILITY.md)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pretrain_cli.config.parser import check_override_keys, parse_config
+from pretrain_cli.errors import UserError
+
+
+@pytest.mark.parametrize("typed,said", [
+    ("--data-path", 'here set input_dir (the same forms as one value: a prefix, a blend "0.3 prefix_a 0.7 prefix_b" '
+                    "quoted on the command line, or a directory)"),
+    ("--data_path", "here set input_dir"),
+    ("--seq-length", "here set max_seq_length"),
+    ("--micro-batch-size", "here set per_device_train_batch_size"),
+    ("--global-batch-size", "here set gradient_accumulation_steps: the global batch is per_device_train_batch_size x "
+                            "gradient_accumulation_steps x data ranks"),
+    ("--lr-decay-style", "here set lr_scheduler_type (linear, cosine, constant; WSD: warmup_stable_decay"),
+    ("--train-iters", "here set max_steps"),
+    ("--train_iters", "here set max_steps"),
+    ("--lr", "here set learning_rate"),
+    ("--min-lr", "here set min_learning_rate"),
+    ("--lr-warmup-iters", "here set warmup_steps"),
+    ("--lr-decay-iters", "here set decay_steps"),
+    ("--clip-grad", "here set max_grad_norm"),
+    ("--eval-interval", "here set eval_steps"),
+    ("--save-interval", "here set save_steps"),
+    ("--vocab-file", "here set tokenizer_name_or_path"),
+    ("--tensor-model-parallel-size", "here set tensor_parallel_degree"),
+    ("--num-layers", "here set num_hidden_layers"),
+    ("--ffn-hidden-size", "here the model's config.json holds it as intermediate_size"),
+    ("--hidden-size", "here the model's config.json holds it as hidden_size"),
+])
+def test_a_megatron_flag_names_the_key_to_use(typed, said):
+    with pytest.raises(UserError) as e:
+        parse_config(None, [typed, "1"])
+    assert str(e.value).startswith(f"command line: `{typed[2:]}` is Megatron-LM's argument; {said}")
+    assert "\n" not in str(e.value)
+
+
+def test_a_megatron_key_in_the_argument_file(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"train_iters": 10, "seq_length": 128}))
+    with pytest.raises(UserError) as e:
+        parse_config(str(path))
+    assert e.value.lines == [f"{path}: `train_iters` is Megatron-LM's argument; here set max_steps",
+                             f"{path}: `seq_length` is Megatron-LM's argument; here set max_seq_length"]
+
+
+def test_a_command_option_wins_and_other_keys_are_unchanged():
+    with pytest.raises(UserError, match=r"`data-path` is Megatron-LM's argument; here pass --data$"):
+        check_override_keys(["--data-path", "x"], ["--data", "--model"])  # eval's own --data
+    with pytest.raises(UserError, match=r"unknown key `max_seq`; did you mean `max_seq_length`\?"):
+        parse_config(None, ["--max_seq", "3"])
+    # a hyphenated typo gets the suggestion its underscored spelling gets
+    with pytest.raises(UserError, match=r"unknown key `max-seq-lenght`; did you mean `max_seq_length`\?"):
+        parse_config(None, ["--max-seq-lenght", "3"])
+    # the underscored model key keeps its own line; Megatron names that are keys here are read
+    with pytest.raises(UserError, match="`hidden_size` is a key of the model's config.json"):
+        parse_config(None, ["--hidden_size", "64"])
+    args = parse_config(None, ["--split", "969,30,1", "--eval-iters", "2", "--weight-decay", "0.1", "--seed", "3"])
+    assert (args.data.split, args.training.eval_iters, args.training.weight_decay) == ("969,30,1", 2, 0.1)
+
+
+def test_a_blend_given_as_megatron_gives_it_names_the_quoted_value():
+    """`--data-path 0.3 a 0.7 b` is Megatron's blend on the command line; `--input_dir` takes it as one text."""
+    with pytest.raises(UserError) as e:
+        parse_config(None, ["--input_dir", "0.3", "a", "0.7", "b"])
+    assert str(e.value) == ('command line: --input_dir takes one value, got 4: 0.3 a 0.7 b; a blend is one value: '
+                            'quote it, --input_dir "0.3 a 0.7 b"')
+    assert parse_config(None, ["--input_dir", "0.3 a 0.7 b"]).data.input_dir == "0.3 a 0.7 b"
