@@ -45,8 +45,10 @@ class Refusal:
 REFUSED = (
     Refusal("sep", lambda d: d.sep > 1,
             lambda d: f"sep_parallel_degree: {d.sep} is not supported: PaddleNLP's segment parallelism swaps sequence "
-                      f"and head shards with all-to-all, which gloo lacks; use context_parallel_degree: {d.sep} "
-                      f"(attention across the ranks) to split each sequence"),
+                      f"and head shards with all-to-all, which gloo lacks; "
+                      + (f"use context_parallel_degree: {d.sep * d.cp} in place of both (sep {d.sep} x cp {d.cp}: "
+                         f"attention across the ranks) to split each sequence as the file asks" if d.cp > 1 else
+                         f"use context_parallel_degree: {d.sep} (attention across the ranks) to split each sequence")),
     Refusal("cp with ZeRO-3", lambda d: d.cp > 1 and d.stage == 3,
             lambda d: f"context_parallel_degree: {d.cp} with ZeRO-3 is not supported (ZeRO-3 runs on the semi-auto "
                       f"engine, whose distributed tensors the ring attention's autograd function cannot take: it "

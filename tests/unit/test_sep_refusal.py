@@ -1,0 +1,24 @@
+"""PaddleNLP's segment parallelism (`sep_parallel_degree`) is refused with context parallelism as what to use instead;
+a file that sets both (PaddleNLP splits each sequence sep x cp ways) was told to use `context_parallel_degree: 2`,
+the value it already had: the line names the product, the split the file asked for."""
+import pytest
+from run_helpers import resolve_run
+
+from pretrain_cli.errors import UserError
+
+
+def _line(*argv, world=4):
+    with pytest.raises(UserError) as e:
+        resolve_run("--max_seq_length", "128", *argv, world=world)
+    return next(x for x in str(e.value).splitlines() if x.startswith("sep_parallel_degree:"))
+
+
+def test_sep_alone_is_told_the_same_degree_of_context_parallelism():
+    assert _line("--sep_parallel_degree", "2").endswith("use context_parallel_degree: 2 (attention across the ranks) "
+                                                        "to split each sequence")
+
+
+def test_sep_with_context_parallelism_is_told_their_product():
+    assert _line("--sep_parallel_degree", "2", "--context_parallel_degree", "2").endswith(
+        "use context_parallel_degree: 4 in place of both (sep 2 x cp 2: attention across the ranks) to split each "
+        "sequence as the file asks")
