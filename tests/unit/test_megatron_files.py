@@ -104,3 +104,26 @@ def test_truncated_bin_says_how_short(tmp_path):
     with pytest.raises(UserError, match=r"12 bytes, but the .idx describes 9 uint16 tokens \(18 bytes\), 6 bytes "
                                         "short; the pair is truncated or mismatched"):
         open_token_file(prefix)
+
+
+def test_a_sentence_level_file_is_split_and_counted_by_sequence(tmp_path):
+    """`split` divides the `.idx`'s sequences, as Megatron-core's GPTDataset (numel_low_level_dataset: its
+    sequence_lengths) and PaddleNLP do; for a `--split-sentences` file those are sentences, and the `data:` line said
+    '20 documents; train 95 docs' of its 100 sentences."""
+    from pretrain_cli.data import build_datasets
+    from pretrain_cli.data.splits import parse_split
+
+    b = MegatronBuilder(str(tmp_path / "c_text_sentence"))
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # 20 documents of 5 sentences of 4 tokens, EOD 2 ending the last
+        ids = rng.integers(3, 50, size=20).tolist()
+        ids[-1] = 2
+        b.add_document(ids, [4] * 5)
+    b.finalize()
+    splits = build_datasets(str(tmp_path / "c_text_sentence"), parse_split("95,5,0"), 8, 1, need=("train", "valid"))
+    (line,) = splits.describe()
+    assert line.startswith("data: c_text_sentence weight 1.000: 20 documents in 100 sequences (split and shuffled by "
+                           "sequence), 400 tokens (uint16); train 95 sequences / 47 samples per epoch; valid 5 "
+                           "sequences / 2 samples per epoch"), line
+    with pytest.raises(UserError, match=r"leaves the test split empty \(0 of 100 sequences in "):
+        build_datasets(str(tmp_path / "c_text_sentence"), parse_split("95,5,0"), 8, 1, need=("train", "test"))

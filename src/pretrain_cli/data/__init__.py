@@ -40,12 +40,14 @@ class DataSplits:
         for s in self.sources:
             src = s["dataset"]
             share = s["weight"] / total_w
-            line = (f"data: {source_name(src.prefix)} weight {share:.3f}: {count(src.num_documents, 'document')}, "
-                    f"{count(src.num_tokens, 'token')} ({src.dtype.name})")
+            line = (f"data: {source_name(src.prefix)} weight {share:.3f}: {count(src.num_documents, 'document')}"
+                    + (f" in {count(len(src), 'sequence')} (split and shuffled by sequence)" if src.unit != "document"
+                       else "") + f", {count(src.num_tokens, 'token')} ({src.dtype.name})")
+            unit = "doc" if src.unit == "document" else "sequence"
             for name in SPLIT_NAMES:
                 ds = s["splits"].get(name)
                 if ds is not None:
-                    line += f"; {name} {count(ds.num_docs, 'doc')} / {count(ds.samples_per_epoch, 'sample')} per epoch"
+                    line += f"; {name} {count(ds.num_docs, unit)} / {count(ds.samples_per_epoch, 'sample')} per epoch"
             train = s["splits"].get("train")
             if train_samples and train is not None:  # a run that reads a small corpus many times says so at start
                 line += (f"; the run's {round(train_samples * share):,} train samples from it: "

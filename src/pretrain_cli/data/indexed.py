@@ -72,6 +72,13 @@ class IndexedDataset:
         return int(self.doc_idx.shape[0]) - 1
 
     @property
+    def unit(self) -> str:
+        """What `split` divides and samples shuffle, as Megatron-core and PaddleNLP do: the `.idx`'s sequences, its
+        documents unless Megatron's `--split-sentences` (a sequence per sentence) or an empty document (a doc_idx
+        entry with no sequence) made them differ; then the lines that count them say "sequence"."""
+        return "document" if len(self) == self.num_documents else "sequence"
+
+    @property
     def num_tokens(self) -> int:
         return int(self.data.shape[0])
 

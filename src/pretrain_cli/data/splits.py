@@ -64,8 +64,9 @@ def split_datasets(source: IndexedDataset, fractions, seq_len: int, seed: int, m
             if name in need:
                 better = _split_for(blend or [(1.0, source)], fractions, seq_len, mode, need) if k else None
                 fix = (f"set split: {better}" if better else f"give {name} a non-zero share (e.g. \"949,50,1\")"
-                       if fractions[k] == 0 else "its share rounds to 0 documents: raise it or use more documents")
-                raise UserError(f"split: {split!r} leaves the {name} split empty (0 of {len(source)} documents in "
+                       if fractions[k] == 0 else
+                       f"its share rounds to 0 {source.unit}s: raise it or use more documents")
+                raise UserError(f"split: {split!r} leaves the {name} split empty (0 of {len(source)} {source.unit}s in "
                                 f"{source.prefix}) but {PHASE_OF[name]} needs it; {fix}, or turn off {PHASE_OF[name]}")
             out[name] = None
             continue
