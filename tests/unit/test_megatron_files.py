@@ -127,3 +127,18 @@ def test_a_sentence_level_file_is_split_and_counted_by_sequence(tmp_path):
                            "sequences / 2 samples per epoch"), line
     with pytest.raises(UserError, match=r"leaves the test split empty \(0 of 100 sequences in "):
         build_datasets(str(tmp_path / "c_text_sentence"), parse_split("95,5,0"), 8, 1, need=("train", "test"))
+
+
+def test_an_unweighted_megatron_blend_says_how_to_weigh_it():
+    """Megatron-core takes `--data-path a b` without weights (each weighed by its samples); input_dir said "weight
+    'a' is not a number" of it."""
+    from pretrain_cli.data.blend import parse_input_dir
+
+    with pytest.raises(UserError) as e:
+        parse_input_dir("data/a_text_document data/b_text_document")
+    assert str(e.value) == ("input_dir: 'data/a_text_document data/b_text_document' names 2 prefixes and no weights "
+                            "(Megatron-LM's unweighted --data-path, which weighs each by its size); put a weight "
+                            'before each ("1.0 data/a_text_document 1.0 data/b_text_document": equal shares), or name '
+                            "a directory holding only them (each weighted by its tokens)")
+    with pytest.raises(UserError, match="is not weight/prefix pairs"):
+        parse_input_dir("0.3 a b")

@@ -21,6 +21,14 @@ _CHUNK = 1 << 14
 _CHUNKS_IN_MEMORY = 8
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_input_dir(input_dir: str) -> list[tuple[float | None, str]]:
     """A directory (every token prefix; weight None = by its token count, so a directory of task outputs
     samples like the one merged file) or "w1 prefix1 w2 prefix2 ..."."""
@@ -35,6 +43,11 @@ def parse_input_dir(input_dir: str) -> list[tuple[float | None, str]]:
                                 "create them with `pretrain-cli preprocess` or point input_dir at a prefix")
             return [(None, q) for q in prefixes]
         return [(1.0, text)]
+    if not any(_is_number(x) for x in parts):  # Megatron's unweighted `--data-path a b`: weights by their sizes
+        pairs = " ".join(f"1.0 {x}" for x in parts)
+        raise UserError(f"input_dir: {text!r} names {len(parts)} prefixes and no weights (Megatron-LM's unweighted "
+                        f"--data-path, which weighs each by its size); put a weight before each (\"{pairs}\": equal "
+                        "shares), or name a directory holding only them (each weighted by its tokens)")
     if len(parts) % 2:
         raise UserError(f"input_dir: {text!r} is not weight/prefix pairs; use \"0.7 ./data/a 0.3 ./data/b\"")
     out = []
