@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """launch.sh's helper: `job.py ports -- CMD...` runs CMD holding a block of rendezvous ports
 (`distributed/launcher/ports.py`); `job.py decide DIR LAUNCHER_RC` prints the job's exit code and what to do next
-(`distributed/launcher/job.py`); `job.py cause DIR [LOG_DIR]` prints the console's account of the job's end, once
-(`distributed/launcher/account.py`);
+(`distributed/launcher/job.py`); `job.py cause DIR [LOG_DIR [FILE ARGS...]]` prints the console's account of the job's
+end, once (`distributed/launcher/account.py`; the user's arguments give the output settings its re-run advice needs
+where the launcher recorded a lone rank's death: `failure_report`);
 `job.py verdicts PID` makes the verdict directory of launch.sh (process PID) and prints it, removing those of launches
 killed with SIGKILL first (`distributed/launcher/tempdirs.py`);
 `job.py held OUTPUT_DIR` exits 2 with the run lock's refusal line when a live run holds OUTPUT_DIR
@@ -31,9 +32,10 @@ KEEP_OVERWRITE = "keep-overwrite"  # `restart`'s fourth line: launch.sh passes n
 
 def main(argv: list[str]) -> int:
     """`ports -- CMD...` (exec CMD holding a block of ports) | `decide DIR LAUNCHER_RC` (prints `CODE ACTION`) |
-    `cause DIR [LOG_DIR]` (prints the account of the job's end) | `verdicts PID` (prints a new verdict directory for
-    launch.sh, process PID: `tempdirs`) | `held OUTPUT_DIR` (exit 2 with the run lock's refusal) | `output_dir FILE` |
-    `checkpoints OUTPUT_DIR [FILE ARGS...]` | `restart OUTPUT_DIR BEFORE [FILE ARGS...]` (module docstring)."""
+    `cause DIR [LOG_DIR [FILE ARGS...]]` (prints the account of the job's end) | `verdicts PID` (prints a new verdict
+    directory for launch.sh, process PID: `tempdirs`) | `held OUTPUT_DIR` (exit 2 with the run lock's refusal) |
+    `output_dir FILE` | `checkpoints OUTPUT_DIR [FILE ARGS...]` | `restart OUTPUT_DIR BEFORE [FILE ARGS...]` (module
+    docstring)."""
     if argv[:2] == ["ports", "--"] and len(argv) > 2:
         try:
             ports.exec_with_ports(argv[2:])
@@ -85,13 +87,14 @@ def main(argv: list[str]) -> int:
         code, action = job.decide(argv[1], int(argv[2]))
         print(code, action)
         return 0
-    if len(argv) in (2, 3) and argv[0] == "cause":
-        line = account.cause(argv[1], argv[2] if len(argv) == 3 else None)
+    if len(argv) >= 2 and argv[0] == "cause":
+        line = account.cause(argv[1], argv[2] if len(argv) >= 3 else None, _settings(argv[3:]) if argv[3:] else None)
         if line:
             print(line)
         return 0
-    print("usage: job.py ports -- CMD... | decide DIR LAUNCHER_RC | cause DIR [LOG_DIR] | verdicts PID | held OUTPUT_DIR "
-          "| output_dir FILE | checkpoints OUTPUT_DIR [FILE ARGS...] | restart OUTPUT_DIR BEFORE [FILE ARGS...]", file=sys.stderr)
+    print("usage: job.py ports -- CMD... | decide DIR LAUNCHER_RC | cause DIR [LOG_DIR [FILE ARGS...]] | verdicts PID "
+          "| held OUTPUT_DIR | output_dir FILE | checkpoints OUTPUT_DIR [FILE ARGS...] "
+          "| restart OUTPUT_DIR BEFORE [FILE ARGS...]", file=sys.stderr)
     return 2
 
 
@@ -107,6 +110,16 @@ def _arguments(args: list[str]):
         return parse_config(config, args[1:] if config is not None else args, "user_arguments")
     except Exception:  # noqa: BLE001 (a UserError, or one the ranks met too)
         return None
+
+
+def _settings(args: list[str]) -> tuple | None:
+    """(output_dir, overwrite_output_dir, resume_from_checkpoint) of the user's arguments, for `cause`'s re-run advice;
+    None where they do not parse."""
+    arguments = _arguments(args)
+    if arguments is None:
+        return None
+    named = arguments.get("resume_from_checkpoint")
+    return _output_dir("", arguments), arguments.get("overwrite_output_dir") is True, str(named) if named else None
 
 
 def _output_dir(given: str, arguments) -> str | None:

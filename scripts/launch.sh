@@ -179,7 +179,8 @@ while true; do
   read -r code action < <("$PY" "$HERE/job.py" decide "$verdicts" "$rc" 2>/dev/null || echo "$rc retry")
   # who ended the job and how, once, on stderr, with where its full log is (Paddle's report is left out:
   # distributed/launcher/failure_report.py)
-  "$PY" "$HERE/job.py" cause "$verdicts" "$LOG_DIR" >&2 2>/dev/null || true
+  # (the user's arguments: the output settings of the re-run advice, for a lone rank's death its launcher recorded)
+  "$PY" "$HERE/job.py" cause "$verdicts" "$LOG_DIR" "$@" >&2 2>/dev/null || true
   if [ -n "$stop" ]; then  # stopped by a signal: the ranks' code, no restart
     if [ "$action" != "stop" ] && { [ "$rc" -eq 138 ] || [ "$rc" -eq 140 ]; }; then  # SIGUSR1/2 before any rank
       code=$((128 + $(kill -l "$stop")))

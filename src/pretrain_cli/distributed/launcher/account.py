@@ -11,7 +11,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from pretrain_cli.distributed.launcher import job, rank_log
+from pretrain_cli.distributed.launcher import job, rank_log, rerun
 
 OOM = " (often the kernel's OOM killer: see dmesg)"  # after `killed by SIGKILL`, unless a stop's limit or a kill of
 # the job's own (`killed_here`) explains it
@@ -22,7 +22,7 @@ OOM = " (often the kernel's OOM killer: see dmesg)"  # after `killed by SIGKILL`
 STACKED = {128 + s for s in (4, 6, 7, 8, 11)}
 
 
-def cause(directory, log_dir=None) -> str | None:
+def cause(directory, log_dir=None, output: tuple | None = None) -> str | None:
     """The console's account of why the job ended, from the ranks' records in `directory` (`log_dir`: the launcher's
     workerlog.N directory, named so the user finds the full log), or None when no rank recorded one: the first rank's
     own end, or where a signal stopped it and saved (rank 0's line), or the line of a rank stopped by another node.
@@ -33,7 +33,8 @@ def cause(directory, log_dir=None) -> str | None:
     lines, or the end of its traceback (an uncaught exception, or a death with an exit code: one before the CLI's
     handler ran) or of its stack (a fatal signal that leaves one). A rank the launcher killed once a stop by signal
     had outlasted STOP_TIMEOUT is named without the re-run advice: the launcher's own line has said the stop and
-    what to do."""
+    what to do. `output`: the user's (output_dir, overwrite, resume_from), for the re-run advice a record made by the
+    launcher leaves out (`job.record`'s `rerun`: a rank alone on its node, without a watcher to say it)."""
     records = job.read_records(directory)
     own = job.own_ends(records)
     stopped = sorted((r for r in records if r.get("kind") == "stopped" and r.get("line")),
@@ -77,7 +78,16 @@ def cause(directory, log_dir=None) -> str | None:
         elif first.get("kind") in ("usage", "system") and log is not None:  # its other `error:` lines
             said = rank_log.read(log, rank_log.start(directory, log))
             more = [x for x in rank_log.errors(said, line) if x != f"error: {line}"]
+    if first.get("rerun"):  # (a watcher's line gives it; with one rank, no "the other ranks stop too")
+        line = f"{line.rstrip('.')}. {_advice(output)}"
     return "\n".join([f"launch.sh: rank {first.get('rank')} ended the job{how}: {_sentence(line)}{where}", *more])
+
+
+def _advice(output: tuple | None) -> str:
+    """What to do after a rank's death, as its watcher's line says it: re-run, to where the same command starts
+    (`rerun`: from the user's own settings, a MAX_RESTART restart's not, `rerun.as_set`; as output_dir holds it now)."""
+    starts = rerun.resumes(*rerun.as_set(*(output or (None, False, None))))
+    return f"Re-run the same command (or launch with MAX_RESTART) to {starts}"
 
 
 def _sentence(line: str) -> str:

@@ -196,6 +196,7 @@ def install() -> None:
             job.wait_for_watchers(job.verdict_dir())
             if self.pod.containers:
                 _copy_rest(self.pod.containers[0], console)
+            _record_alone(self.pod.containers)
             if account.cause(job.verdict_dir()) is None:  # no rank recorded its end: Paddle's report is all there is
                 console.flush()
                 held.released = True
@@ -212,6 +213,33 @@ def install() -> None:
     Container.logs, Container.tail, Container.terminate = console_logs, tail_held, terminate_kept
     Container.start = start_marked
     ControllerBase.finalize = finalize_said
+
+
+def _record_alone(containers) -> None:
+    """The death by a signal of a node's only rank, which left no record (`job.record`) of it: recorded from its exit
+    status as a watcher records a rank's death (kind "died", `killed by SIGKILL`, with its pid and host), for
+    launch.sh's line and exit code (128 + the signal: `account.cause`, `job.decide`), which said nothing of a job of
+    one process killed (`kill -9`, the OOM killer), its console only Paddle's `Container failed`, exit 247: such a job
+    has no watcher (`watchdog.start`), and nothing else names a death by a signal. The re-run advice is left to
+    `account.cause` (`rerun`), which launch.sh gives the user's output settings. Not for an exit with a code (the CLI
+    records its own errors; one without a record, 2 or 130 among them, keeps launch.sh's reading of the launcher's
+    code: never retried), several ranks of a node, whose watchers decide which died first (this launcher polls its
+    ranks once a second), nor a rank with a record of any kind (a `joining` one is a failed join, retried as such)."""
+    directory = job.verdict_dir()
+    proc = getattr(getattr(containers[0], "_proc", None), "_proc", None) if len(containers) == 1 else None
+    code = getattr(proc, "returncode", None)  # (Paddle's ProcessContext's Popen: the rank; -N: killed by signal N)
+    if directory is None or code is None or code >= 0 or job.read_records(directory):
+        return
+    import socket
+
+    from pretrain_cli import processes
+
+    env = containers[0].env
+    status = -code  # (as waitpid reports a death by that signal)
+    rank = int(env.get("PADDLE_TRAINER_ID") or 0)
+    line = f"rank {rank} (pid {proc.pid} on {socket.gethostname()}) died: {processes.describe_status(status)}"
+    job.record(rank, processes.exit_code(status), "died", line, directory, local=env.get("PADDLE_LOCAL_RANK", "0"),
+               rerun=True)
 
 
 def _copy_rest(rank, console: _Console) -> None:

@@ -38,7 +38,7 @@ _joining = [False]  # whether this process has begun joining the process group (
 
 
 def record(rank: int, code: int | None, kind: str, line: str, directory: Path | None = None,
-           overwrite: bool = True, local: str | None = None) -> None:
+           overwrite: bool = True, local: str | None = None, rerun: bool = False) -> None:
     """This rank's own end (`kind`: "usage", "system", "transient", "interrupted", "peer" (stopped because
     another rank failed), "crashed" (an unexpected exception: a bug), "died", "hung", "lost" (ended by gloo after a
     rank on another host failed), "stopped" (by a signal, after saving: exit 0); "joining" while it joins the
@@ -47,7 +47,9 @@ def record(rank: int, code: int | None, kind: str, line: str, directory: Path | 
     checkpoint to resume; some made by rank 0 alone), found before any watcher runs, whose line needs no rank to be
     acted on, so `account.cause` says it as one process does whether or not the launcher stopped the other ranks
     first. `local`: the rank's local rank (its workerlog's number) when another process records for it (a waiting
-    rank's join limit naming a rank that never came: `join_deadline`), else this process's."""
+    rank's join limit naming a rank that never came: `join_deadline`), else this process's. `rerun`: the line says
+    how the rank ended only, and `account.cause` adds the advice to re-run, from the user's output settings (a rank
+    alone on its node that died without a watcher's line, recorded by its launcher: `failure_report`)."""
     directory = directory or verdict_dir()
     if directory is None or code is None:
         return
@@ -58,7 +60,8 @@ def record(rank: int, code: int | None, kind: str, line: str, directory: Path | 
 
             atomic.write_json(path, {"rank": rank, "exit": int(code), "kind": kind, "line": line, "time": time.time(),
                                      "local": os.environ.get("PADDLE_LOCAL_RANK", "") if local is None else local,
-                                     **({"before_join": True} if kind == "usage" and not _joining[0] else {})})
+                                     **({"before_join": True} if kind == "usage" and not _joining[0] else {}),
+                                     **({"rerun": True} if rerun else {})})
 
 
 def clear(rank: int) -> None:
