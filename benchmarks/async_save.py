@@ -65,7 +65,8 @@ def run(root: Path, name: str, async_save: bool, a) -> dict:
     waited = {r["step"]: r.get("waited_seconds", 0.0) for r in recs if r["kind"] == "checkpoint"}
     results = json.loads((out / "train_results.json").read_text())
     size = sum(f.stat().st_size for f in (out / f"checkpoint-{a.steps}").iterdir())
-    return {"stalls": stalls, "waited": waited, "train_runtime": results["train_runtime"], "checkpoint_mib": round(size / 2**20, 1)}
+    return {"stalls": stalls, "waited": waited, "train_runtime": results["train_runtime"],
+            "checkpoint_mib": round(size / 2**20, 1)}
 
 
 def main() -> None:

@@ -88,15 +88,17 @@ def save_numbers(out: Path) -> dict:
     # right after the save where the record carries it (this code), else after step 3 (the old code)
     after = save.get("host_memory_peak_gib", peak[3])
     size = sum(f.stat().st_size for f in (out / "checkpoint-2").iterdir())
-    return {"save_seconds": save["stall_seconds"], "rank0_training_peak_gib": peak[2], "rank0_peak_after_save_gib": after,
-            "rank0_save_rss_gib": round(after - peak[2], 3), "checkpoint_gib": round(size / 2**30, 3)}
+    return {"save_seconds": save["stall_seconds"], "rank0_training_peak_gib": peak[2],
+            "rank0_peak_after_save_gib": after, "rank0_save_rss_gib": round(after - peak[2], 3),
+            "checkpoint_gib": round(size / 2**30, 3)}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="llama-171m")
     ap.add_argument("--layouts", default="zero3:2,tp2:2,zero3:4,tp2:4", help="name:processes, name in zero3, tp2")
-    ap.add_argument("--old-rev", default=GATHER_REV, help="the commit whose gathering save is compared (default: %(default)s)")
+    ap.add_argument("--old-rev", default=GATHER_REV,
+                    help="the commit whose gathering save is compared (default: %(default)s)")
     ap.add_argument("--old-src", default=None, help="instead of --old-rev: a tree with the gathering save (its src/)")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--json", action="store_true")
@@ -110,8 +112,8 @@ def main(argv=None) -> int:
         root = Path(tmp)
         old_src = Path(a.old_src) if a.old_src else old_tree(a.old_rev, root / "old")
         base = {"model_name_or_path": a.model, "input_dir": str(corpus(root, vocab)), "device": "cpu",
-                "split": "100,0,0", "max_seq_length": a.seq, "do_train": True, "per_device_train_batch_size": 1, "max_steps": 3,
-                "save_steps": 2, "logging_steps": 1, "report_to": ["none"], "disable_tqdm": True,
+                "split": "100,0,0", "max_seq_length": a.seq, "do_train": True, "per_device_train_batch_size": 1,
+                "max_steps": 3, "save_steps": 2, "logging_steps": 1, "report_to": ["none"], "disable_tqdm": True,
                 "overwrite_output_dir": True, "learning_rate": 1e-4, "warmup_steps": 0}
         for item in a.layouts.split(","):
             name, nproc = item.split(":")
@@ -130,7 +132,8 @@ def main(argv=None) -> int:
             layout = next(r for r in records(out) if r["kind"] == "layout")
             total = sum(f.stat().st_size for f in ckpt.iterdir() if f.suffix == ".safetensors")
             row["resume"] = {"under": other, "checkpoint_tensor_bytes": total,
-                             "per_rank": [{"read": x["resume_bytes_read"], "holds": x["parameters"] + x["optimizer_state"],
+                             "per_rank": [{"read": x["resume_bytes_read"],
+                                           "holds": x["parameters"] + x["optimizer_state"],
                                            "read_fraction_of_checkpoint": round(x["resume_bytes_read"] / total, 3)}
                                           for x in layout["per_rank"]]}
             report["runs"][tag] = row
@@ -138,10 +141,12 @@ def main(argv=None) -> int:
                 s, g = row["sharded"], row["gather"]
                 print(f"{tag}: checkpoint {s['checkpoint_gib']} GiB; save {s['save_seconds']:.2f} s (gather: "
                       f"{g['save_seconds']:.2f} s); rank 0 RSS added by the save {s['rank0_save_rss_gib']:.3f} GiB "
-                      f"(gather: {g['rank0_save_rss_gib']:.3f}) over a training peak of {s['rank0_training_peak_gib']:.2f}")
+                      f"(gather: {g['rank0_save_rss_gib']:.3f}) over a training peak of "
+                      f"{s['rank0_training_peak_gib']:.2f}")
                 for r, x in enumerate(row["resume"]["per_rank"]):
                     print(f"  resume under {other}: rank {r} read {x['read'] / 2**20:.1f} MiB = "
-                          f"{x['read_fraction_of_checkpoint']:.0%} of the checkpoint, holds {x['holds'] / 2**20:.1f} MiB")
+                          f"{x['read_fraction_of_checkpoint']:.0%} of the checkpoint, holds "
+                          f"{x['holds'] / 2**20:.1f} MiB")
                 sys.stdout.flush()
     if a.json:
         print(json.dumps(report, indent=1))

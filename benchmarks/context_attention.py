@@ -6,7 +6,8 @@ the attention of one layer, forward + backward, on one sequence of S tokens: in 
 `sdpa_mask`, `false`), and on `--cp` processes under the real launcher, each holding S/cp tokens
 (`distributed.steps.context`: ring attention, blocks through Paddle's ops, K/V and dK/dV blocks passed between
 neighbours with gloo's blocking send/recv). Peak memory is the process's peak RSS above its RSS before the
-first call (each measurement runs in a fresh process, so the peak is this length's own). Prints one row per length: milliseconds and MiB, and cp's ratio to one process.
+first call (each measurement runs in a fresh process, so the peak is this length's own). Prints one row per length:
+milliseconds and MiB, and cp's ratio to one process.
 
     python benchmarks/context_attention.py [--seqs 1024,2048,4096,8192] [--cp 2] [--heads 8] [--kv_heads 2]
         [--head_dim 64] [--reps 3] [--math_max 4096] [--json]

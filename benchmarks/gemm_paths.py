@@ -5,12 +5,14 @@ call, so each path needs its own process). This times the forward, input-gradien
 of every Linear of one decoder layer plus the LM head of a benchmark config (`benchmarks/configs/`), in
 Paddle's own MKL (`libmklml_intel.so`, row-major `cblas_sgemm`, the layouts `paddle.matmul` uses) and in
 torch's `matmul` and numpy's OpenBLAS (the library numpy's wheel bundles, whose runtime dispatch picks its
-own kernels per CPU: the check that no other GEMM library beats the floor's MKL here), each in a fresh process, the processes alternated `--rounds` times, and prints GFLOP/s
-per path, the median over rounds, and each path's ratio to the one the runtime picks. It also prints what
-those GEMMs cost in one training step (layers × one layer's + the head's, in ms): the step's time from
-`train_throughput.py` minus that is what the step spends outside its projection, MLP and head GEMMs.
+own kernels per CPU: the check that no other GEMM library beats the floor's MKL here), each in a fresh process, the
+processes alternated `--rounds` times, and prints GFLOP/s per path, the median over rounds, and each path's ratio to
+the one the runtime picks. It also prints what those GEMMs cost in one training step (layers × one layer's + the
+head's, in ms): the step's time from `train_throughput.py` minus that is what the step spends outside its projection,
+MLP and head GEMMs.
 
-    python benchmarks/gemm_paths.py --config bench|small [--paths auto,5,7,torch,torch-bf16,openblas] [--rounds 3] [--threads T]
+    python benchmarks/gemm_paths.py --config bench|small [--paths auto,5,7,torch,torch-bf16,openblas] [--rounds 3]
+        [--threads T]
 
 A path this CPU cannot run (type 7 = AVX-512 kernels on a CPU without AVX-512) is skipped, not tried:
 it would die on an illegal instruction.

@@ -1,6 +1,7 @@
 """The same training step in HF transformers + PyTorch, eager or under `torch.compile`.
 
-Eager is HF as it ships (the config's class, `LlamaForCausalLM` or `Qwen3MoeForCausalLM`; sdpa attention, `torch.optim.AdamW`, `clip_grad_norm_`).
+Eager is HF as it ships (the config's class, `LlamaForCausalLM` or `Qwen3MoeForCausalLM`; sdpa attention,
+`torch.optim.AdamW`, `clip_grad_norm_`).
 Compiled is what a performance-minded PyTorch user runs on CPU: the forward + loss compiled as one
 graph by inductor (C++ code generation, `fullgraph=True`, backward compiled by AOTAutograd; in the
 `max-autotune` mode inductor also benchmarks its own C++ GEMM templates against MKL; the driver times the

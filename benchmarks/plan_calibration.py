@@ -5,8 +5,8 @@ For each config, the planner predicts the peak of one steady-state training step
 baseline), and a fresh subprocess measures it: build the model with Paddle's own ops
 (`pretrain_cli.models.build_model`, `cpu_fused_ops: false`: what the model describes; the fused CPU
 kernels need less, so the plan is an upper bound for them), `paddle.optimizer.AdamW`, the loss `model(x, labels=y)`
-computes (from the logits, or in the rows with the fused LM head + loss, the default, on Paddle's ops: the GPU path); one warm-up
-step creates gradients and AdamW moments, then the peak of Paddle's host allocator
+computes (from the logits, or in the rows with the fused LM head + loss, the default, on Paddle's ops: the GPU path);
+one warm-up step creates gradients and AdamW moments, then the peak of Paddle's host allocator
 (`paddle.base.core.host_memory_stat_peak_value('Allocated', 0)`) over the second step is
 read. A fresh process per config keeps the peaks isolated. RSS is printed for reference only:
 it adds the ~300 MB import and allocator caching that the planner does not model.
@@ -35,7 +35,8 @@ from pathlib import Path
 
 from pretrain_cli.config.presets import PRESET_DIR as PRESETS
 
-QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 64}  # q/k norms, head_dim 64 != 128/4
+# q/k norms, head_dim 64 != 128/4
+QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 64}
 UNFUSED = {"use_fused_linear_cross_entropy": False}  # the [b, s, V] logits and Paddle's cross-entropy
 LLAMA_52M = {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 6, "num_attention_heads": 8,
              "num_key_value_heads": 4, "vocab_size": 32000}
@@ -217,7 +218,8 @@ def _fresh_ranks(script: Path, args_path: Path, log_dir: Path, nproc: int):
     import os
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    ports = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "job.py"), "ports", "--"]  # a held block
+    # a held block
+    ports = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "job.py"), "ports", "--"]
     cmd = [*ports, sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir",
            str(log_dir), str(script), str(args_path)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
@@ -260,8 +262,9 @@ def calibrate_layouts(layouts=LAYOUTS, launch=_fresh_ranks, model=LLAMA_52M) -> 
             r = from_file(str(args_path), [], device="cpu", gpus=nproc, suggest_changes=False,
                           baseline_bytes=m["baseline"]).to_json()
             pred = r["memory_gib"] * 2**30
-            rows.append({"config": name, "params": r["params"]["total"], "micro_batch": args["per_device_train_batch_size"],
-                         "seq": args["max_seq_length"], "recompute": "off", "predicted_mib": pred / 2**20, "measured_mib": m["peak"] / 2**20,
+            rows.append({"config": name, "params": r["params"]["total"],
+                         "micro_batch": args["per_device_train_batch_size"], "seq": args["max_seq_length"],
+                         "recompute": "off", "predicted_mib": pred / 2**20, "measured_mib": m["peak"] / 2**20,
                          "error": pred / m["peak"] - 1, "rss_delta_mib": float("nan"),
                          "breakdown_mib": {k: v * 1024 for k, v in r["memory_breakdown_gib"].items()}})
     return rows
@@ -273,7 +276,8 @@ def calibrate_layouts(layouts=LAYOUTS, launch=_fresh_ranks, model=LLAMA_52M) -> 
 MICRO_V3 = {"hidden_size": 128, "intermediate_size": 512, "moe_intermediate_size": 256, "num_hidden_layers": 4,
             "first_k_dense_replace": 1, "vocab_size": 2048}
 STAGE_LAYOUTS = [
-    ("pp2 x ep2 DP b2", 4, {"pipeline_parallel_degree": 2, "expert_parallel_degree": 2, "gradient_accumulation_steps": 2}),
+    ("pp2 x ep2 DP b2", 4, {"pipeline_parallel_degree": 2, "expert_parallel_degree": 2,
+                            "gradient_accumulation_steps": 2}),
     ("pp2 x ep2 x ZeRO-1 b2", 4, {"pipeline_parallel_degree": 2, "expert_parallel_degree": 2, "sharding": "stage1",
                                   "gradient_accumulation_steps": 2}),
 ]
@@ -328,7 +332,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--layouts", action="store_true", help="the parallel layouts (2 processes each)")
-    ap.add_argument("--stages", action="store_true", help="pipeline x expert parallelism, each stage (4 processes each)")
+    ap.add_argument("--stages", action="store_true",
+                    help="pipeline x expert parallelism, each stage (4 processes each)")
     ns = ap.parse_args()
     if ns.stages:
         rows = calibrate_stages() + calibrate_stages(LARGE_EXPERT_LAYOUTS, model=MICRO_V3_LARGE_EXPERTS)

@@ -40,7 +40,8 @@ def launch(src: Path, cfg: dict, root: Path, name: str, nproc: int) -> list[dict
     path = root / name / "cfg.json"
     path.write_text(json.dumps(dict(cfg, output_dir=str(out))))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(src),
-               STARTUP_PROBE_DIR=str(root / name), STARTUP_PROBE_EXIT="1", STARTUP_PROBE_SCRIPT=str(src.parent / "scripts" / "run_pretrain.py"))
+               STARTUP_PROBE_DIR=str(root / name), STARTUP_PROBE_EXIT="1",
+               STARTUP_PROBE_SCRIPT=str(src.parent / "scripts" / "run_pretrain.py"))
     env.pop("PADDLE_TRAINER_ID", None)
     probe = str(HERE / "startup_probe.py")
     cmd = ([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", str(logs),
@@ -87,7 +88,8 @@ def main(argv=None) -> int:
             for item in a.layouts.split(","):
                 name, nproc = item.split(":")
                 tag = f"{preset}/{name}x{nproc}"
-                row = {which: launch(src, dict(base, **LAYOUTS[name]), root, f"{preset}_{name}{nproc}_{which}", int(nproc))
+                row = {which: launch(src, dict(base, **LAYOUTS[name]), root, f"{preset}_{name}{nproc}_{which}",
+                                     int(nproc))
                        for which, src in (("after", REPO / "src"), ("before", old_src))}
                 report["runs"][tag] = row
                 if a.json:

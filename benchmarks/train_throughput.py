@@ -18,8 +18,8 @@ HF eager and HF under `torch.compile` in its default and its `max-autotune` mode
 `pretrain-cli train` on a token file of the same shape (cli_throughput.py); `--floor` measures the step's lower bound
 on this machine (step_floor.py) in the same rounds, and with `--compare-hf` prints `ceiling_vs_hf_compile`, the
 furthest ahead of the compiled HF step any step using MKL's GEMMs could be; `--profile` adds where our step's time
-goes, op by op (Paddle's profiler, after the timed steps; the first round's). The frameworks alternate `--rounds` times; tokens_per_s is
-the median of the per-round median steps, `*_best` the fastest step (the VM is shared and noisy:
+goes, op by op (Paddle's profiler, after the timed steps; the first round's). The frameworks alternate `--rounds`
+times; tokens_per_s is the median of the per-round median steps, `*_best` the fastest step (the VM is shared and noisy:
 compare within one run). `--procs 2` runs 2 data-parallel processes via `paddle.distributed.launch`.
 """
 from __future__ import annotations
@@ -146,7 +146,8 @@ def _run_worker(kind: str, name: str, a) -> dict:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
         if proc.returncode != 0 or not out_file.is_file():
             logs = "".join(p.read_text() for p in (Path(tmp) / "log").glob("workerlog.*")) if a.procs > 1 else ""
-            raise SystemExit(f"{kind} worker for {name} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}{logs[-3000:]}")
+            raise SystemExit(f"{kind} worker for {name} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+                             f"{logs[-3000:]}")
         return json.loads(out_file.read_text())
 
 
@@ -249,8 +250,8 @@ def _table(rows: list[dict]) -> str:
                         f"{modes}" if modes else " (eager only: --no-compile)"))
     if any("ratio_vs_hf_compile_cpu" in r or "ratio_vs_hf_cpu" in r for r in rows):
         lines.append("per CPU-second (load-robust with --threads 1): " + "; ".join(
-            f"{r['config']} vs HF {r.get('ratio_vs_hf_cpu', '-')}x, vs HF compiled {r.get('ratio_vs_hf_compile_cpu', '-')}x"
-            for r in rows))
+            f"{r['config']} vs HF {r.get('ratio_vs_hf_cpu', '-')}x, vs HF compiled "
+            f"{r.get('ratio_vs_hf_compile_cpu', '-')}x" for r in rows))
     if any("ratio_cli_vs_harness_cpu" in r for r in rows):
         lines.append("train vs harness per CPU-second (load-robust with --threads 1): " + "; ".join(
             f"{r['config']} {r['cli_tokens_per_cpu_s']:.0f} / {r['harness_tokens_per_cpu_s']:.0f} tok/CPU-s = "
@@ -266,8 +267,8 @@ def _table(rows: list[dict]) -> str:
                          f"(GEMMs {r['gemm_ms']:.1f}, attention {r['attention_ms']:.1f}, AdamW {r['adamw_ms']:.1f}), "
                          f"ours at {r['ratio_vs_floor']:.2f} of it (per round, against the same round's floor: "
                          + ", ".join(f"{x:.2f}" for x in r["round_ratio_vs_floor"]) + ")"
-                         + (f", ceiling vs HF compiled {r['ceiling_vs_hf_compile']:.2f}x" if "ceiling_vs_hf_compile" in r
-                            else "") for r in rows if "floor_ms" in r))
+                         + (f", ceiling vs HF compiled {r['ceiling_vs_hf_compile']:.2f}x"
+                            if "ceiling_vs_hf_compile" in r else "") for r in rows if "floor_ms" in r))
     lines.append("median of per-round median steps; load avg (1m) at the end: "
                  + ", ".join(str(r["loadavg_1m"]) for r in rows))
     lines.append("targets: ratio >= 1.25x vs HF compiled on both configs; train within 5% of the harness step")
@@ -296,12 +297,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="alternate the frameworks this many times")
     ap.add_argument("--to-static", action="store_true",
                     help="compile the forward with compiled_forward.compile_forward (SOT) even if the config says no")
-    ap.add_argument("--threads", type=int, default=None, help="threads per process (default cores/procs); with --through-cli the `train` run's too")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads per process (default cores/procs); with --through-cli the `train` run's too")
     ap.add_argument("--procs", type=int, default=1, help="data-parallel processes for OUR step")
     ap.add_argument("--mkl-cpu-type", default="auto",
-                    help="MKL_DEBUG_CPU_TYPE for our worker: auto (runtime.mkl_cpu_type: AMD 7 with AVX-512, else 5; Intel unset), unset, or a value")
+                    help="MKL_DEBUG_CPU_TYPE for our worker: auto (runtime.mkl_cpu_type: AMD 7 with AVX-512, else 5; "
+                         "Intel unset), unset, or a value")
     ap.add_argument("--cpu-ops", choices=("on", "off"), default="on",
-                    help="our fused CPU kernels (src/pretrain_cli/ops/csrc); off = Paddle's ops only (cpu_fused_ops: false)")
+                    help="our fused CPU kernels (src/pretrain_cli/ops/csrc); off = Paddle's ops only "
+                         "(cpu_fused_ops: false)")
     ap.add_argument("--hf-compile-mode", choices=("both", "max-autotune", "default"), default="both",
                     help="torch.compile mode of the compiled HF worker: both (each round times inductor's default mode "
                          "and max-autotune, where inductor also tries its own C++ GEMM templates; the ratio is "
