@@ -43,7 +43,9 @@ def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
 def checkpoints_past(output_dir, step: int) -> list[Path]:
     """The published checkpoints of `output_dir` past `step`, oldest first: the one judge of what lies beyond a
     named checkpoint, which a resume from it is refused beside (`orchestration.resumed.later_checkpoints`) and the
-    re-run advice predicts (`distributed.launcher.rerun.past`)."""
+    re-run advice predicts (`distributed.launcher.rerun.past`), and of what overwrite_output_dir removes past the
+    step a run starts at (0 keeps a checkpoint-0): the run's removal (`training.checkpoint.remove_past`), check's
+    line (`orchestration.opened.overwritten`) and a launch.sh restart's (`distributed.launcher.rerun.restart`)."""
     return [p for n, p in list_checkpoints(output_dir) if n > step]
 
 

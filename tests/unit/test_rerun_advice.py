@@ -71,3 +71,27 @@ def test_a_stop_s_line_follows_the_same_judge():
     assert named == ("stopped at step 7 and saved checkpoint-7; the same command resumes from o/checkpoint-3, which "
                      "resume_from_checkpoint names: to continue from here, set it to o/checkpoint-7")
     assert rerun.judge(True, "o/checkpoint-3") == rerun.NAMED and rerun.judge(True, None) == rerun.OVER
+
+
+def test_one_judge_says_a_named_checkpoint_beside_later_ones_is_refused(tmp_path, monkeypatch):
+    """`judge`'s REFUSED: resume_from_checkpoint names a checkpoint, overwrite_output_dir is off and output_dir holds
+    checkpoints past its step (`orchestration.resumed.later_checkpoints` refuses that command). The stop's line and
+    the watchers' advice each wrote that condition out themselves; both now follow the judge."""
+    from types import SimpleNamespace
+
+    from pretrain_cli.training.run_end import stop_message
+
+    monkeypatch.delenv("PRETRAIN_CLI_RESTART", raising=False)
+    out = tmp_path / "out"
+    for name in ("checkpoint-3", "checkpoint-5"):
+        (out / name).mkdir(parents=True)
+    named = str(out / "checkpoint-3")
+    assert rerun.judge(False, named, str(out)) == rerun.REFUSED
+    assert rerun.judge(True, named, str(out)) == rerun.NAMED  # (the overwrite removes checkpoint-5)
+    assert rerun.judge(False, str(out / "checkpoint-5"), str(out)) == rerun.NAMED
+    assert rerun.judge(False, named) == rerun.NAMED and rerun.judge(False, None, str(out)) == rerun.NEWEST
+    assert rerun.resumes(str(out), False, named).endswith(f"(as set, {named} is refused: {out} holds checkpoint-5 "
+                                                          f"past its step)")
+    assert stop_message(SimpleNamespace(overwrite=False, output_dir=str(out), resume_from=named), 5) == (
+        f"stopped at step 5 and saved checkpoint-5; the same command is refused (resume_from_checkpoint names {named}, "
+        f"and {out} holds checkpoint-5 past its step): to continue from here, set it to {out / 'checkpoint-5'}")

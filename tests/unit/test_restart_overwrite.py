@@ -100,3 +100,32 @@ def test_without_overwrite_a_restart_still_passes_overwrite_false(tmp_path):
     out, calls = _launch(tmp_path)
     assert calls[1].endswith("run_pretrain.py cfg.json --overwrite_output_dir false"), calls
     assert "restart 1 of 1, to resume from out/checkpoint-8, the newest complete checkpoint" in out.stderr, out.stderr
+
+
+def test_the_restart_names_what_the_overwrite_removes_as_the_run_and_check_judge_it(tmp_path):
+    """What overwrite_output_dir removes has one judge (`run_dir.checkpoints_past` from the step the run starts at),
+    which the run's removal (`training.checkpoint.remove_past`), check's line (`orchestration.opened.overwritten`)
+    and a restart's line (`rerun.restart`) all ask: the restart's line counted a checkpoint-0 that the removal keeps
+    (it removes only the checkpoints past step 0), so it said the overwrite removes checkpoint-0."""
+    from types import SimpleNamespace
+
+    from pretrain_cli.distributed.launcher import rerun
+    from pretrain_cli.orchestration.opened import overwritten
+    from pretrain_cli.run_dir import checkpoints_past
+    from pretrain_cli.training.checkpoint import remove_past
+
+    _earlier_run(tmp_path, 0, 4, 8)
+    out = tmp_path / "out"
+    run = SimpleNamespace(loop=SimpleNamespace(do_train=True),
+                          output=SimpleNamespace(output_dir=str(out), overwrite=True, logging_dir=None, report_to=()))
+    for named, start in ((None, 0), (str(out / "checkpoint-4"), 4)):
+        resume, line, keep = rerun.restart(str(out), named, rerun.identities(out), overwrite=True)
+        removes = [p.name for p in checkpoints_past(out, start)]
+        assert resume is None and keep, line
+        assert line.endswith(f"the overwrite removes {', '.join(removes)}, which {out} held before this job began)"), \
+            line
+        assert f"past it ({', '.join(removes)})" in overwritten(run, start), overwritten(run, start)
+    assert "checkpoint-0" not in rerun.restart(str(out), None, rerun.identities(out), overwrite=True)[1]
+    removed = remove_past(out, 0)  # what the run does as it opens output_dir: the line's names, checkpoint-0 kept
+    assert [p.name for p in removed] == ["checkpoint-4", "checkpoint-8"]
+    assert [p.name for p in out.iterdir()] == ["checkpoint-0"]

@@ -298,13 +298,13 @@ def overwritten(run, start: int, reads=()) -> str | None:
     rewritten then, and a re-run or a launcher restart (without the flag) would resume the earlier run's checkpoints
     into this run's records."""
     from pretrain_cli.counts import count
-    from pretrain_cli.run_dir import ARGS_FILE, list_checkpoints
+    from pretrain_cli.run_dir import ARGS_FILE, checkpoints_past
     from pretrain_cli.training.final_model import earlier_final
 
     out = Path(run.output.output_dir)
     if not (run.loop.do_train and run.output.overwrite and out.is_dir()):
         return None
-    gone = [p.name for n, p in list_checkpoints(out) if n > start]
+    gone = [p.name for p in checkpoints_past(out, start)]  # as `training.checkpoint.remove_past` removes them
     what = [f"{count(len(gone), 'checkpoint')} past it ({_named(gone)})"] if gone else []
     if (out / ARGS_FILE).is_file() and not any(d and Path(d).resolve() == out.resolve() for d in reads):
         files, step = earlier_final(out)

@@ -28,7 +28,7 @@ from pretrain_cli import atomic
 from pretrain_cli.data.tokenizer import export_files
 from pretrain_cli.distributed.launcher import progress
 from pretrain_cli.errors import PeerFailed, UserError
-from pretrain_cli.run_dir import ARGS_FILE, STATE_FILE, checkpoint_dir, list_checkpoints
+from pretrain_cli.run_dir import ARGS_FILE, STATE_FILE, checkpoint_dir, checkpoints_past, list_checkpoints
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir, read_state
 from pretrain_cli.training import shard_writer
 from pretrain_cli.training.weight_source import as_float32, open_reader
@@ -51,12 +51,12 @@ def remove_past(output_dir, step: int) -> list[Path]:
     """Under `overwrite_output_dir`, the checkpoints past the step a run starts from (0, or the step of its
     `resume_from_checkpoint`) are an earlier run's. Left in place, rotation (which keeps the highest steps)
     would delete this run's newer saves first, and the next plain re-run would resume the earlier run; so
-    they go, each as `rotate` removes one."""
+    they go, each as `rotate` removes one. Which ones is `checkpoints_past`'s to say (check's line and a launch.sh
+    restart's name them before: `orchestration.opened.overwritten`, `distributed.launcher.rerun`)."""
     removed = []
-    for n, path in list_checkpoints(output_dir):
-        if n > step:
-            atomic.remove_tree(path)
-            removed.append(path)
+    for path in checkpoints_past(output_dir, step):
+        atomic.remove_tree(path)
+        removed.append(path)
     return removed
 
 

@@ -116,13 +116,13 @@ def stop_message(output, step: int) -> str:
     """`output`: the run's `Output`; where the user's own command starts again is `rerun.judge`'s (the watchers'
     advice too), on the user's settings (`rerun.as_set`): a launch.sh MAX_RESTART restart runs with its own
     `--overwrite_output_dir false` and perhaps `--resume_from_checkpoint`, which the user never set. A named checkpoint
-    beside the later ones in output_dir (this stop's among them) is refused without overwrite (`rerun.past`)."""
+    beside the later ones in output_dir (this stop's among them) is refused without overwrite (`rerun.REFUSED`)."""
     output_dir, overwrite, resume_from = rerun.as_set(output.output_dir, output.overwrite, output.resume_from)
-    how, here = rerun.judge(overwrite, resume_from), run_dir.checkpoint_dir(output_dir, step)
-    if how == rerun.NAMED and not overwrite and (beyond := rerun.past(output_dir, resume_from)):
+    how, here = rerun.judge(overwrite, resume_from, output_dir), run_dir.checkpoint_dir(output_dir, step)
+    if how == rerun.REFUSED:
         return (f"stopped at step {step} and saved checkpoint-{step}; the same command is refused "
                 f"(resume_from_checkpoint names {resume_from}, and {output_dir} holds "
-                f"{', '.join(p.name for p in beyond)} past its step): to continue from here, set it to {here}")
+                f"{rerun.beyond(output_dir, resume_from)} past its step): to continue from here, set it to {here}")
     if how == rerun.NAMED:
         return (f"stopped at step {step} and saved checkpoint-{step}; the same command resumes from "
                 f"{resume_from}, which resume_from_checkpoint names: to continue from here, set it to {here}")

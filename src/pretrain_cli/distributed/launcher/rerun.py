@@ -20,7 +20,8 @@ from pathlib import Path
 
 from pretrain_cli import run_dir
 
-NAMED, OVER, NEWEST = "named", "over", "newest"  # resume_from_checkpoint; overwrite_output_dir: step 0; the newest
+# resume_from_checkpoint; that one refused beside later checkpoints; overwrite_output_dir: step 0; the newest
+NAMED, REFUSED, OVER, NEWEST = "named", "refused", "over", "newest"
 AS_SET = "PRETRAIN_CLI_AS_SET"  # under launch.sh's restarts: the user's own output settings (`as_set`)
 
 
@@ -40,12 +41,14 @@ def as_set(output_dir, overwrite: bool, resume_from) -> tuple:
     return output_dir, own.get("overwrite") is True, own.get("resume_from") or None
 
 
-def judge(overwrite: bool, resume_from) -> str:
+def judge(overwrite: bool, resume_from, output_dir=None) -> str:
     """Where the same command starts (`orchestration.resumed.find_resume`'s order): the checkpoint that
-    resume_from_checkpoint names, even under overwrite (NAMED); step 0 under overwrite_output_dir (OVER); else the
-    newest complete checkpoint of output_dir, if any (NEWEST)."""
+    resume_from_checkpoint names, even under overwrite (NAMED), unless, without overwrite, `output_dir` holds
+    checkpoints past its step (`past`), beside which `later_checkpoints` refuses it (REFUSED: not judged when
+    output_dir is unknown); step 0 under overwrite_output_dir (OVER); else the newest complete checkpoint of
+    output_dir, if any (NEWEST). The one place a stop's line (`stop_message`) and the watchers' (`resumes`) ask."""
     if resume_from:
-        return NAMED
+        return REFUSED if not overwrite and past(output_dir, resume_from) else NAMED
     return OVER if overwrite else NEWEST
 
 
@@ -53,16 +56,16 @@ def resumes(output_dir, overwrite: bool = False, resume_from=None) -> str:
     """What follows "re-run ... to": `resume from out/checkpoint-50, the newest complete checkpoint` | `start from step
     0 (out holds no complete checkpoint)` | under overwrite `start again from step 0 (...)` | `resume from X, the
     checkpoint resume_from_checkpoint names` | (output_dir unknown) the newest complete one of output_dir, if any."""
-    how = judge(overwrite, resume_from)
+    how = judge(overwrite, resume_from, output_dir)
     newest = None
     if output_dir:
         try:
             newest = run_dir.latest_checkpoint(output_dir)
         except OSError:
             newest = None
-    if how == NAMED and not overwrite and (beyond := past(output_dir, resume_from)):
+    if how == REFUSED:
         return (f"resume from {newest}, the newest complete checkpoint, with resume_from_checkpoint set to it (as set, "
-                f"{resume_from} is refused: {output_dir} holds {', '.join(p.name for p in beyond)} past its step)")
+                f"{resume_from} is refused: {output_dir} holds {beyond(output_dir, resume_from)} past its step)")
     if how == NAMED:
         later = (f" (to continue from the newest complete one instead, set it to {newest})"
                  if newest is not None and str(newest) != str(resume_from) else "")
@@ -95,8 +98,18 @@ def _step(checkpoint) -> int | None:
 def past(output_dir, resume_from) -> list[Path]:
     """The checkpoints of `output_dir` past the step of `resume_from`, oldest first: what `later_checkpoints` refuses
     a resume from it beside (without overwrite); [] when either is unknown."""
-    step = _step(resume_from) if resume_from and output_dir else None
-    if step is None:
+    return _past_step(output_dir, _step(resume_from) if resume_from else None)
+
+
+def beyond(output_dir, resume_from) -> str:
+    """The names of `past`, for the lines that say why the same command is refused (REFUSED)."""
+    return ", ".join(p.name for p in past(output_dir, resume_from))
+
+
+def _past_step(output_dir, step: int | None) -> list[Path]:
+    """`run_dir.checkpoints_past`, the one judge of what lies past a step, read where the watchers must answer at
+    once: [] when output_dir or the step is unknown, or output_dir cannot be read."""
+    if step is None or not output_dir:
         return []
     try:
         return run_dir.checkpoints_past(output_dir, step)
@@ -151,14 +164,11 @@ def restart(output_dir, resume_from, before, overwrite: bool = False) -> tuple[s
 
 
 def _overwritten(output_dir, resume_from) -> list[Path]:
-    """The checkpoints of output_dir that overwrite_output_dir removes as a run starts (`training.checkpoint.
-    remove_past`): past the step of the named checkpoint, else all of them."""
-    if resume_from:
-        return past(output_dir, resume_from)
-    try:
-        return [p for _, p in run_dir.list_checkpoints(output_dir)] if output_dir else []
-    except OSError:
-        return []
+    """The checkpoints of output_dir that overwrite_output_dir removes as a run starts, judged as the run's removal
+    (`training.checkpoint.remove_past`) and check's line (`orchestration.opened.overwritten`) judge it, by
+    `run_dir.checkpoints_past` from the step the run starts at: the named checkpoint's, else 0 (a checkpoint-0 is
+    kept; this counted it, so the restart's line said the overwrite removes one it keeps)."""
+    return _past_step(output_dir, _step(resume_from) if resume_from else 0)
 
 
 def _over_again(output_dir, resume_from, removed: list[Path]) -> str:
