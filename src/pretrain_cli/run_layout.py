@@ -124,14 +124,13 @@ class ParallelConfig:
 
     def describe(self) -> str:
         """`check`'s and the start-up's resolved line: "world 8, dp 1, sharding stage1 x4, pp 2, ep 4"."""
-        return ", ".join([f"world {self.world_size}", self.axes()]
-                         + ([f"ep {self.ep_degree}"] if self.ep_degree > 1 else []))
+        return f"world {self.world_size}, {self.axes()}{self.expert_axis()}"
 
     def axes(self) -> str:
         """The degrees in `distributed.layout.topology.Topology`'s words ("dp 1, sharding stage1 x4, pp 2": its
         dp and sharding axes, tp for its mp, cp, pp), which the strategies' names (the start-up's `layout:` line)
         say after the engine, so that line and `describe` name a layout alike; expert parallelism, drawn from the
-        data ranks, follows as `describe`'s and `ExpertHybrid`'s ", ep N"."""
+        data ranks, follows as `expert_axis`."""
         parts = [f"dp {self.dp_degree}"]
         if self.sharding_stage:
             parts.append(f"sharding stage{self.sharding_stage} x{self.sharding_degree}")
@@ -143,6 +142,12 @@ class ParallelConfig:
             parts.append(f"pp {self.pp_degree}" + (f" x{self.virtual_pp_degree} virtual" if self.virtual_pp_degree > 1
                                                    else ""))
         return ", ".join(parts)
+
+    def expert_axis(self) -> str:
+        """", ep N" under expert parallelism, else "": what follows the degrees (`axes`) in `describe` and in every
+        strategy's name that says them (the base strategy's, context parallelism's, `ExpertHybrid`'s), one wording
+        for all of them."""
+        return f", ep {self.ep_degree}" if self.ep_degree > 1 else ""
 
     def fleet_sharding(self) -> str:
         """What fleet's sharding group is under context parallelism (fleet has no cp axis: it spans sharding x cp),

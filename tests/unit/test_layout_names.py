@@ -53,3 +53,13 @@ def test_every_named_layout_says_check_s_words(keys, world, model):
     p = resolve_run(*keys, world=world, model=model).parallel
     engine, words = _strategy(p).name.split(": ", 1)
     assert words == _layout_words(p), (engine, words, p.describe())
+
+
+def test_expert_parallelism_is_said_by_one_function():
+    """", ep N" after the degrees (`ParallelConfig.expert_axis`), which `describe`, the base strategy's name, context
+    parallelism's and `ExpertHybrid`'s all append: each wrote it out itself."""
+    assert ParallelConfig(world_size=8, dp_degree=8, ep_degree=4).expert_axis() == ", ep 4"
+    assert ParallelConfig(world_size=8, dp_degree=8).expert_axis() == ""
+    p = ParallelConfig(world_size=8, dp_degree=1, sharding_stage=1, sharding_degree=4, pp_degree=2, ep_degree=4)
+    assert p.describe() == f"world 8, {p.axes()}{p.expert_axis()}"
+    assert _strategy(p).name == f"pipeline (fleet 1F1B): {p.axes()}{p.expert_axis()}"

@@ -302,8 +302,7 @@ class ContextSide:
         self.cp, self.cp_rank = parallel.cp_degree, Topology.of(parallel).coord("cp")
         self.group = cp_group(parallel, backend).group
         self.name = (f"context parallel (load-balanced chunks, ring attention): {parallel.axes()}"
-                     f"{parallel.fleet_sharding()}"
-                     f"{f', ep {parallel.ep_degree}' if parallel.ep_degree > 1 else ''}")  # check's words
+                     f"{parallel.fleet_sharding()}{parallel.expert_axis()}")  # check's words
 
         self._positions: dict = {}
 

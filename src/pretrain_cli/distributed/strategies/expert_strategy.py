@@ -228,7 +228,7 @@ class ExpertHybrid:
 
     def __init__(self, parallel, device: str = "cpu", step_kernels=None, recompute=None):
         super().__init__(parallel, device, step_kernels, recompute)
-        self.name += f", ep {parallel.ep_degree}"
+        self.name += parallel.expert_axis()  # (after its engine's degrees, which say no ep)
 
     dense = ExpertParallel.dense
 

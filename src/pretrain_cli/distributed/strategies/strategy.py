@@ -68,9 +68,8 @@ class Strategy:
 
             self.sequence = ContextSide(parallel, self.backend)
             self.name = self.sequence.name  # (a layout with more axes names itself)
-        elif parallel.world_size > 1:  # the start-up's `layout:` line says the degrees, as check does; the
-            expert = f", ep {parallel.ep_degree}" if parallel.ep_degree > 1 else ""  # engines with more axes rename
-            self.name = f"{self.name}: {parallel.axes()}{expert}"
+        elif parallel.world_size > 1:  # the start-up's `layout:` line says the degrees, as check does (the
+            self.name = f"{self.name}: {parallel.axes()}{parallel.expert_axis()}"  # engines with more axes rename)
         self.placement = None  # what the layout steps left (`steps.Placement`), once placed
 
     # ------------------------------------------------------------------ building
