@@ -33,6 +33,8 @@ from pretrain_cli.errors import UserError
     ("--vocab-file", "here set tokenizer_name_or_path"),
     ("--tensor-model-parallel-size", "here set tensor_parallel_degree"),
     ("--num-layers", "here set num_hidden_layers"),
+    ("--eod-mask-loss", "no key: the EOS stays a target of the loss, as in PaddleNLP; to leave it out, put a "
+                        ".lsm loss mask beside the .bin with a 0 byte at each EOS"),
     ("--ffn-hidden-size", "here the model's config.json holds it as intermediate_size"),
     ("--hidden-size", "here the model's config.json holds it as hidden_size"),
 ])

@@ -60,6 +60,8 @@ MEGATRON = {
     "context_parallel_size": "context_parallel_degree",
     "expert_model_parallel_size": "expert_parallel_degree",
     "reset_attention_mask": "attention_mask_type document",
+    "eod_mask_loss": ("no key: the EOS stays a target of the loss, as in PaddleNLP; to leave it out, put a .lsm loss "
+                      "mask beside the .bin with a 0 byte at each EOS (docs/DATA.md, Token files)"),
     "loss_scale": "scale_loss (the initial fp16 loss scale)",
     "initial_loss_scale": "scale_loss (the initial fp16 loss scale)",
     "num_workers": "dataloader_num_workers",
@@ -87,7 +89,8 @@ def megatron_hint(key: str, options=()) -> str | None:
     if name in OPTION and OPTION[name] in options:
         return f"`{key}` is Megatron-LM's argument; here pass --{OPTION[name]}"
     if name in MEGATRON:
-        return f"`{key}` is Megatron-LM's argument; here set {MEGATRON[name]}"
+        said = MEGATRON[name]
+        return f"`{key}` is Megatron-LM's argument; {'' if said.startswith('no key') else 'here set '}{said}"
     if name in MODEL and ("-" in key or name != MODEL[name]):  # hidden_size as typed: the model-key line's
         return (f"`{key}` is Megatron-LM's argument; here the model's config.json holds it as {MODEL[name]} (in a "
                 "model directory named by model_name_or_path)")
