@@ -142,3 +142,16 @@ def test_an_unweighted_megatron_blend_says_how_to_weigh_it():
                             "a directory holding only them (each weighted by its tokens)")
     with pytest.raises(UserError, match="is not weight/prefix pairs"):
         parse_input_dir("0.3 a b")
+
+
+def test_a_tntidx_index_is_named(tmp_path):
+    """Megatron's (and PaddleNLP's) older IndexedDataset, `--data-impl lazy`/`cached`: its .idx starts TNTIDX; the
+    line said "wrong magic b'TNTIDX\\x00\\x00\\x01'" without naming the format or how to get the one read here."""
+    (tmp_path / "x.idx").write_bytes(b"TNTIDX\x00\x00" + struct.pack("<QQQQQ", 1, 4, 4, 2, 3) + bytes(72))
+    (tmp_path / "x.bin").write_bytes(np.arange(1, 6, dtype=np.int32).tobytes())
+    with pytest.raises(UserError) as e:
+        open_token_file(tmp_path / "x")
+    assert str(e.value) == (f"{tmp_path / 'x'}.idx: a TNTIDX index, the older format of Megatron-LM's and PaddleNLP's "
+                            "--data-impl lazy and cached, which is not read here; re-create the pair from its "
+                            "documents with `pretrain-cli preprocess` (or Megatron's tools/preprocess_data.py, which "
+                            "writes MMIDIDX)")

@@ -183,6 +183,10 @@ def _open_mmidx(prefix: str) -> IndexedDataset:
         _fail(idx_path, f"truncated: {size} bytes, shorter than the 34-byte header")
     with open(idx_path, "rb") as f:
         header = f.read(HEADER_BYTES)
+    if header[:8] == b"TNTIDX\x00\x00":  # megatron/data/indexed_dataset.py: IndexedDataset (--data-impl lazy)
+        _fail(idx_path, "a TNTIDX index, the older format of Megatron-LM's and PaddleNLP's --data-impl lazy and "
+                        "cached, which is not read here", "re-create the pair from its documents with `pretrain-cli "
+                        "preprocess` (or Megatron's tools/preprocess_data.py, which writes MMIDIDX)")
     if header[:9] != MAGIC:
         _fail(idx_path, f"wrong magic {header[:9]!r} (expected {MAGIC!r}); not an MMIDIDX index",
               "pass the prefix of a .bin/.idx pair made by `pretrain-cli preprocess`, Megatron or PaddleNLP")
