@@ -22,11 +22,13 @@ KEYS = ("router_aux_loss_coef", "moe_aux_loss_scope", "router_z_loss_coef", "moe
 def aux_coefficient(args, model_cfg) -> float:
     """The balance loss's weight: `router_aux_loss_coef` when the file sets it, else the model's own: config.json's
     `router_aux_loss_coef` (transformers' load-balancing loss) or, for DeepSeek's sequence-wise loss
-    (`models.deepseek_moe`), its `aux_loss_alpha` (the hub's key), else the paper's α."""
+    (`models.deepseek_moe`), its `aux_loss_alpha` (the hub's key) or `router_aux_loss_coef` (PaddleFormers' name of
+    it, kept in `extra`: `config_checks.OTHER_FAMILIES_KEYS`), else the paper's α."""
     if args.model.router_aux_loss_coef is not None:
         return float(args.model.router_aux_loss_coef)
     if model_cfg.model_type in DEEPSEEK_ALPHA:
-        return float(model_cfg.extra.get("aux_loss_alpha", DEEPSEEK_ALPHA[model_cfg.model_type]))
+        said = [model_cfg.extra.get(k) for k in ("aux_loss_alpha", "router_aux_loss_coef")]
+        return float(next((v for v in said if v is not None), DEEPSEEK_ALPHA[model_cfg.model_type]))
     return float(model_cfg.router_aux_loss_coef or 0.0)
 
 

@@ -255,7 +255,8 @@ class ModelConfig:
             del out["num_nextn_predict_layers"]
         if self.model_type == "deepseek_v2":  # V2's RoPE is always interleaved: no key for it
             del out["rope_interleave"]
-        out.setdefault("use_cache", True)
+        out.update({k: v for k, v in extra.items() if k in config_checks.OTHER_FAMILIES_KEYS.get(self.model_type, ())})
+        out.setdefault("use_cache", True)  # (another family's MoE keys, taken into extra, kept as they are)
         return out
 
     # ------------------------------------------------------------------ checks

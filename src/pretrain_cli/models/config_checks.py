@@ -348,8 +348,14 @@ def _validate_moe(cfg: "ModelConfig", source: str, pretrained: bool) -> None:
                         f"{cfg.num_hidden_layers} does not have (transformers ignores it); name layers 0-{last}")
     if not isinstance(cfg.norm_topk_prob, bool):  # a string is truthy: "false" renormalised as true would
         raise UserError(f"{source}: norm_topk_prob must be true or false, got {json.dumps(cfg.norm_topk_prob)}")
-    if cfg.mla:  # DeepSeek's balance loss weight is its hub key (`config.moe.aux_coefficient`)
-        _balance_weight(cfg.extra.get("aux_loss_alpha", 0.0), "aux_loss_alpha", source)
+    if cfg.mla:  # DeepSeek's balance weight: the hub's key, else PaddleFormers' (`config.moe.aux_coefficient`)
+        set_ = {k: cfg.extra[k] for k in ("aux_loss_alpha", "router_aux_loss_coef") if cfg.extra.get(k) is not None}
+        for key, value in set_.items():
+            _balance_weight(value, key, source)
+        if len(set(set_.values())) > 1 and not pretrained:
+            raise UserError(f"{source}: aux_loss_alpha ({set_['aux_loss_alpha']}) and router_aux_loss_coef "
+                            f"({set_['router_aux_loss_coef']}) both set the balance loss's weight (the hub's and "
+                            f"PaddleFormers' name of it); keep one")
     else:
         _balance_weight(cfg.router_aux_loss_coef, "router_aux_loss_coef", source)
 
@@ -363,16 +369,13 @@ def _balance_weight(value, key: str, source: str) -> None:
 
 
 # the MoE keys of the other families, which transformers' class for this one does not read: (the values that change
-# nothing, what the family has instead)
+# nothing, or None: none refused; what the family has instead)
+_SPARSE = "its layers from first_k_dense_replace on are all sparse: remove it and set first_k_dense_replace"
 _DEEPSEEK_INSTEAD = {
-    "decoder_sparse_step": ((None, 1), "its layers from first_k_dense_replace on are all sparse: remove it and set "
-                                       "first_k_dense_replace"),
-    "mlp_only_layers": ((None, []), "its layers from first_k_dense_replace on are all sparse: remove it and set "
-                                    "first_k_dense_replace"),
+    "decoder_sparse_step": ((None, 1), _SPARSE), "mlp_only_layers": ((None, []), _SPARSE),
     "shared_expert_intermediate_size": ((None, 0), "its shared experts are n_shared_experts of moe_intermediate_size "
                                                    "each: remove it and set n_shared_experts"),
-    "router_aux_loss_coef": ((None,), "its balance loss's weight is aux_loss_alpha, or the argument file's "
-                                      "router_aux_loss_coef: rename it to aux_loss_alpha"),
+    "router_aux_loss_coef": (None, ""),  # PaddleFormers' name of its balance weight: read, never refused
 }
 OTHER_FAMILIES_KEYS = {
     "qwen3_moe": {"shared_expert_intermediate_size": (
@@ -389,11 +392,8 @@ def other_families_keys(d: dict, model_type: str, source: str, pretrained: bool)
     Qwen3-MoE `shared_expert_intermediate_size` made check count a shared expert never built) where transformers
     ignores them. A new model's file setting one to a value that would change something is refused, naming the
     family's own key; pretrained weights' config.json is read as transformers reads it."""
-    taken = {}
+    taken = {key: d.pop(key) for key in OTHER_FAMILIES_KEYS.get(model_type, {}) if key in d}
     for key, (inert, instead) in OTHER_FAMILIES_KEYS.get(model_type, {}).items():
-        if key not in d:
-            continue
-        taken[key] = d.pop(key)
-        if not pretrained and taken[key] not in inert:
+        if key in taken and not pretrained and inert is not None and taken[key] not in inert:
             raise UserError(f"{source}: {key} is not a key {model_type} reads ({instead})")
     return taken
