@@ -5,7 +5,9 @@ so `--help` and errors about the argument file answer without Paddle's ~2.5 s im
 User errors (`UserError`) become one line per problem on stderr and exit code 2 (a mistyped command line: its one
 usage line first, `CommandParser`); an `OSError` the system
 raises (disk full, permission denied) becomes one line and exit code 1; `--debug` also shows
-the traceback. A character a strict stdout or stderr cannot encode prints as a `\\uXXXX` escape
+the traceback. The collective library's error on a lost peer (gloo's, which the semi-auto
+engine raises as an `OSError` without an errno) is no end of this rank's own: raised, and
+not recorded, whatever its type. A character a strict stdout or stderr cannot encode prints as a `\\uXXXX` escape
 (`_printable_streams`).
 """
 from __future__ import annotations
@@ -269,6 +271,8 @@ def _main(argv: list[str] | None, prog: str | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as e:  # the system refused (disk full, permissions, ...): not a bug, not the user's input
+        if e.errno is None and collective_failure(e):  # gloo's reaction to a lost peer (Paddle's `(External)`
+            raise  # OSError, no errno): as the branch below says it, not as this rank's own end
         if debug:
             traceback.print_exc()
         print(f"error: {os_error_line(e)}", file=sys.stderr)
