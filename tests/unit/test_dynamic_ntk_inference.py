@@ -141,3 +141,30 @@ def test_generate_judges_dynamic_ntk_at_the_longest_sequence_a_forward_reads(tmp
         assert err.rstrip().endswith(
             f"lower the {tokens} tokens of the prompt (only a shorter prompt helps: a forward reads the whole prompt "
             f"at any --max_new_tokens) to at most 16, {TAIL}"), err
+
+
+def test_eval_of_a_model_without_weights_has_no_past_positions_note(tmp_path, capsys):
+    """A model without weights is built for the length evaluated (its range raised to it, as `train` raises a new
+    model's), so nothing says its positions past config.json's number were never trained on: eval printed, after the
+    'raised to 32' note, 'angles a model pretrained to 16 has not seen' of a random-init model. Weights keep it."""
+    from dataclasses import replace
+
+    from pretrain_cli.cli import main as cli_main
+    from pretrain_cli.commands import eval as evaluate
+
+    prefix = write_tokens(tmp_path / "t", n_docs=4, doc_len=64, vocab_size=300)
+    plain = tmp_path / "plain"  # no rope_scaling_type: the past-positions note alone
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps(replace(model_config("micro-llama"),
+                                                          max_position_embeddings=16).to_hf_dict()))
+    make_tokenizer(plain)
+    for d in (_model(tmp_path), str(plain)):
+        code = cli_main(["eval", "--model", d, "--data", prefix, "--max_seq_length", "32", "--max_batches", "1"])
+        err = capsys.readouterr().err
+        assert code == 0 and "past the model's max_position_embeddings" not in err, err
+        assert "has not seen" not in err, err
+    weights = tmp_path / "w"
+    weights.mkdir()
+    d = _model(weights, weights=True)
+    evaluate._past_positions(replace(model_config("micro-llama"), max_position_embeddings=16), d, 32, "--x")
+    assert "--x: 32 is past the model's max_position_embeddings (16)" in capsys.readouterr().err

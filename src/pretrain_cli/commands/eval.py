@@ -87,10 +87,15 @@ def _model_config(name: str, length: int, length_key: str, key: str = "--model")
 def _past_positions(cfg, model_dir: str, length: int, source: str) -> None:
     """A note when windows of `length` reach positions the weights have not been trained on
     (`models.config.past_positions`): past config.json's max_position_embeddings and past the length the run that
-    wrote `model_dir` trained at (its args.json: a run continued past that number keeps it in config.json)."""
+    wrote `model_dir` trained at (its args.json: a run continued past that number keeps it in config.json). A model
+    without weights has no such positions: it is the one `train` builds for `length` (its range raised to it, as
+    `_model_config`'s note says), so, as `train` does for a new model, nothing is said."""
     from pretrain_cli.models.config import past_positions
+    from pretrain_cli.models.model_files import has_weights
     from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
+    if not has_weights(model_dir):
+        return
     if past := past_positions(cfg, length, source, trained=CheckpointDir(model_dir).trained_length):
         print(f"note: {past}", file=sys.stderr)
 
