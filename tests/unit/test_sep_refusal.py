@@ -7,9 +7,9 @@ from run_helpers import resolve_run
 from pretrain_cli.errors import UserError
 
 
-def _line(*argv, world=4):
+def _line(*argv, world=4, device="cpu"):
     with pytest.raises(UserError) as e:
-        resolve_run("--max_seq_length", "128", *argv, world=world)
+        resolve_run("--max_seq_length", "128", *argv, world=world, device=device)
     return next(x for x in str(e.value).splitlines() if x.startswith("sep_parallel_degree:"))
 
 
@@ -22,3 +22,13 @@ def test_sep_with_context_parallelism_is_told_their_product():
     assert _line("--sep_parallel_degree", "2", "--context_parallel_degree", "2").endswith(
         "use context_parallel_degree: 4 in place of both (sep 2 x cp 2: attention across the ranks) to split each "
         "sequence as the file asks")
+
+
+def test_the_engine_limit_named_is_the_devices():
+    """gloo (CPU) has no all-to-all; NCCL has one, and on GPUs the segment-parallel attention itself is what is not
+    built here: the GPU line said 'which gloo lacks' too."""
+    assert "all-to-all, which gloo lacks (CPU's collectives)" in _line("--sep_parallel_degree", "2")
+    gpu = _line("--sep_parallel_degree", "2", "--device", "gpu", device="gpu")
+    assert "gloo" not in gpu
+    assert ("PaddleNLP's segment parallelism (all-to-all swaps of sequence and head shards around attention) is not "
+            "built here; use context_parallel_degree: 2") in gpu

@@ -118,7 +118,7 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
     moe = model_cfg.model_type if model_cfg.expert_layers else ""  # (an MTP module's experts count)
     for line in refusals(Degrees(tp=tp, pp=pp, cp=cp, sep=sep, stage=stage, sharding=sharding, data=rest, sp=sp,
                                  ep=max(t.expert_parallel_degree, 1), moe=moe,
-                                 mla=model_cfg.model_type if model_cfg.mla else "")):
+                                 mla=model_cfg.model_type if model_cfg.mla else "", device=target.device)):
         problems.add(line)  # what no engine here runs: config.refusals' table
     if sp and args.data.max_seq_length % (tp * cp):
         each = f" (each of the {cp} cp ranks holds {args.data.max_seq_length // cp})" if cp > 1 else ""

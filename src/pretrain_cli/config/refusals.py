@@ -30,6 +30,7 @@ class Degrees:
     ep: int = 1  # expert_parallel_degree as asked (its arithmetic is `config.expert`'s)
     moe: str = ""  # a Mixture-of-Experts model's model_type ("" for a dense model)
     mla: str = ""  # the model_type of a model with multi-head latent attention (`models.mla`; "" otherwise)
+    device: str = "cpu"  # the run's: what stops a product may be the collective library's (gloo's, on CPU)
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,11 @@ class Refusal:
 
 REFUSED = (
     Refusal("sep", lambda d: d.sep > 1,
-            lambda d: f"sep_parallel_degree: {d.sep} is not supported: PaddleNLP's segment parallelism swaps sequence "
-                      f"and head shards with all-to-all, which gloo lacks; "
+            lambda d: f"sep_parallel_degree: {d.sep} is not supported: "
+                      + ("PaddleNLP's segment parallelism swaps sequence and head shards with all-to-all, which gloo "
+                         "lacks (CPU's collectives); " if d.device == "cpu" else
+                         "PaddleNLP's segment parallelism (all-to-all swaps of sequence and head shards around "
+                         "attention) is not built here; ")
                       + (f"use context_parallel_degree: {d.sep * d.cp} in place of both (sep {d.sep} x cp {d.cp}: "
                          f"attention across the ranks) to split each sequence as the file asks" if d.cp > 1 else
                          f"use context_parallel_degree: {d.sep} (attention across the ranks) to split each sequence")),
