@@ -15,8 +15,9 @@ it fails where the GPU would (docs/PERFORMANCE.md, "GPU-only call sites", lists 
   white-listed `paddle.matmul` under it;
 - `sdpa_backend`: which path `F.scaled_dot_product_attention` takes (paddle/nn/functional/sdpa.py 3.3.1,
   `select_sdp_for_sdpa`): flash only for q, k, v of one half dtype, head_dim a multiple of 8 and ≤ 256, no scale,
-  and causal only with equal lengths (`check_flash_causal_non_square_seqlens`); memory-efficient for one dtype;
-  else the math path, which materialises `[b, h, s, s]`;
+  and causal only with equal lengths (`check_flash_causal_non_square_seqlens`); memory-efficient for one dtype
+  whose head widths are multiples of `minimum_gemm_alignment` (8 for fp16/bf16); else the math path, which
+  materialises `[b, h, s, s]`;
 - `enabled_scaler`: `paddle.amp.GradScaler` enabled on CPU (its constructor disables itself off CUDA/XPU/custom
   places, paddle/amp/grad_scaler.py 3.3.1), everything else the real class: `unscale_`, `step` (which calls
   `optimizer.step()` once, after handing `found_inf` to the optimizer), `update`;
@@ -150,16 +151,25 @@ def ref_flash_attn(query, key, value, fixed_seed_offset, attn_mask, dropout, cau
     return out, None, lse, None
 
 
-def sdpa_backend(query, key, value, attn_mask=None, is_causal=False, scale=None) -> str:
-    """`select_sdp_for_sdpa` on a GPU that can run flash attention (sdpa.py 3.3.1: flash, then memory-efficient,
-    then math)."""
+def sdpa_backend(query, key, value, attn_mask=None, is_causal=False, scale=None, capability=(8, 0)) -> str:
+    """`select_sdp_for_sdpa` on a GPU of compute capability `capability` with both of a GPU build's kernels
+    (sdpa.py 3.3.1, flash, then memory-efficient, then math): flash (`can_use_flash_attention`) for q, k, v of one
+    half dtype and one head width, a multiple of 8 and ≤ 256, no scale, causal only with equal lengths, on SM
+    8.0-12.1; memory-efficient (`can_use_mem_efficient_attention`) for one dtype of fp16/bf16/fp32 whose widths are
+    multiples of `minimum_gemm_alignment` (8 for half on tensor cores, 4 for fp32 on SM 8.x, ...), a non-causal
+    mask's last dimension a multiple of 8, on SM 5.0-12.1; else math, which materialises `[b, h, s, s]`."""
     dtypes = (query.dtype, key.dtype, value.dtype)
-    d = query.shape[-1]
-    same = len(set(dtypes)) == 1
+    widths = (query.shape[-1], key.shape[-1], value.shape[-1])
+    same, half, cap = len(set(dtypes)) == 1, dtypes[0] in HALF, tuple(capability)
     square = not is_causal or query.shape[1] == key.shape[1]
-    if same and dtypes[0] in HALF and d % 8 == 0 and d <= 256 and scale is None and square:
+    if (same and half and len(set(widths)) == 1 and widths[0] % 8 == 0 and widths[0] <= 256 and scale is None
+            and square and (8, 0) <= cap <= (12, 1)):
         return "flash_attn"
-    if same and dtypes[0] in (*HALF, paddle.float32):
+    tensor_cores = cap[0] >= 8 or (cap[0] == 7 and half)  # use_tensor_cores
+    alignment = max(4 if cap[0] > 8 else 1, 128 // (16 if half else 32) if tensor_cores else 1)
+    mask_aligned = is_causal or attn_mask is None or attn_mask.shape[-1] % 8 == 0  # check_attn_mask_alignment
+    if (same and dtypes[0] in (*HALF, paddle.float32) and all(w % alignment == 0 for w in widths) and mask_aligned
+            and (5, 0) <= cap <= (12, 1)):
         return "mem_efficient"
     return "math"
 

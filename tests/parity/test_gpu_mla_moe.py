@@ -10,7 +10,8 @@ q, k, v of one head width, a multiple of 8 up to 256), sdpa recording the backen
 A head width flash-attn refuses (the parity micro MLA's 12: qk 8 + 4, v 6) stopped a document-masked GPU run in
 `flashmask_attention`, and a width above 192 stopped the first backward on a GPU other than compute capability
 8.0 / 9.0 (`CHECK_BWD_EXECTUABLE`), where Paddle's sdpa picks flash-attn all the same: both failed here on the code
-before `ops.kernels.flash_refuses`.
+before `ops.kernels.flash_refuses`. A forward alone (eval, generate, the context-parallel ring) runs flash-attn there,
+and over 256 the causal path runs sdpa's memory-efficient kernel (`ops.flash_width.path`).
 """
 import dataclasses
 import functools
@@ -33,7 +34,7 @@ from pretrain_cli.config.presets import PRESET_DIR  # noqa: E402
 from pretrain_cli.data.samples import document_fields  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
-from pretrain_cli.ops import cpu_ops, kernels  # noqa: E402
+from pretrain_cli.ops import cpu_ops, flash_width, kernels  # noqa: E402
 from pretrain_cli.run_config import KernelConfig, MoeConfig  # noqa: E402
 
 SEQ = 16
@@ -142,20 +143,17 @@ def test_the_gpu_branch_of_moe_and_mla_models_equals_the_cpu_reference(gpu, case
     assert {(lhs, rhs) for lhs, rhs, _ in gemm.calls} == {(False, False), (False, True), (True, False)}
     refused = [str(w.message) for w in said if "flash-attn refuses" in str(w.message)]
     if kw is NARROW:  # no flash-attn at width 12 (sdpa takes its math path itself): the scores materialised, said once
-        assert calls["flashmask"] == 0 and (calls["sdpa"] == 0) == documents and "flash_attn" not in backends
+        assert calls["flashmask"] == 0 and (calls["sdpa"] == 0) == documents
+        assert backends == ["math"] * calls["sdpa"], backends  # not mem_efficient: half wants widths % 8 there too
         assert len(refused) == 1 and "head_dim 12" in refused[0]
     else:
         assert calls["flashmask" if documents else "sdpa"] > 0 and not refused
         assert set(backends) <= {"flash_attn"}, backends  # one head width for q, k and v (MLA's padded value)
 
 
-@pytest.mark.parametrize("capability,flash", [((8, 0), True), ((9, 0), True), ((8, 6), False), ((8, 9), False),
-                                              (None, True)])
-def test_a_head_width_above_192_takes_flash_attention_only_where_its_backward_runs(monkeypatch, capability, flash):
-    """Width 200 (an MLA of qk 136 + 64): flash-attn's backward refuses it off compute capability 8.0 / 9.0
-    (`CHECK_BWD_EXECTUABLE`), which Paddle's sdpa does not check (its hardware rule is SM 8.0-12.1): the causal, the
-    document-masked and the context-parallel block paths take their materialised forms there, decided in
-    `ops.kernels`. Capability unknown (no GPU build): flash."""
+def _gpu_attention_calls(monkeypatch, capability, width, backward):
+    """(the three GPU attention paths' outputs against the reference, the GPU-only calls they made, the warnings)
+    at head `width` on a GPU of `capability`; `backward`: q, k, v need gradients (else a forward alone)."""
     monkeypatch.setattr(runtime, "gpu_capability", lambda: capability)
     monkeypatch.setattr(kernels, "_REFUSED", set(), raising=False)
     called = Counter()
@@ -167,35 +165,89 @@ def test_a_head_width_above_192_takes_flash_attention_only_where_its_backward_ru
                         or emu.ref_flash_attn(*a), raising=False)
     monkeypatch.setattr(kernels, "block_forward", lambda *a: called.update(["block"]) or (None, None))
     rng = np.random.default_rng(0)
-    q, k, v = (paddle.to_tensor(rng.standard_normal((1, 8, 2, 200)).astype("float32")) for _ in range(3))
+    q, k, v = (paddle.to_tensor(rng.standard_normal((1, 8, 2, width)).astype("float32"), stop_gradient=not backward)
+               for _ in range(3))
     doc_start = paddle.to_tensor(np.array([[0, 0, 0, 3, 3, 3, 3, 7]], np.int64))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         causal = kernels.attention_sdpa_causal(q, k, v)
         document = kernels.attention_flashmask(q, k, v, doc_start)
-        heads = [t.transpose([0, 2, 1, 3]).reshape([1, 2, 1, 8, 200]).astype("bfloat16") for t in (q, k, v)]
+        heads = [t.transpose([0, 2, 1, 3]).reshape([1, 2, 1, 8, width]).astype("bfloat16") for t in (q, k, v)]
         kernels.block_forward_flash(*heads, None, True)
-    said = [w for w in caught if "flash-attn" in str(w.message)]
     np.testing.assert_allclose(causal.numpy(), kernels.attention_math(q, k, v).numpy(), atol=1e-5)
     np.testing.assert_allclose(document.numpy(), kernels.attention_math(q, k, v, doc_start).numpy(), atol=1e-5)
+    return called, [str(w.message) for w in caught if "flash-attn" in str(w.message)]
+
+
+@pytest.mark.parametrize("capability,flash", [((8, 0), True), ((9, 0), True), ((8, 6), False), ((8, 9), False),
+                                              (None, True)])
+def test_a_head_width_above_192_takes_flash_attention_only_where_its_backward_runs(monkeypatch, capability, flash):
+    """Width 200 (an MLA of qk 136 + 64): flash-attn's backward refuses it off compute capability 8.0 / 9.0
+    (`CHECK_BWD_EXECTUABLE`), which Paddle's sdpa does not check (its hardware rule is SM 8.0-12.1): the causal, the
+    document-masked and the context-parallel block paths take their materialised forms there, decided in
+    `ops.kernels`, with one warning naming the keys and the fix. Capability unknown (no GPU build): flash."""
+    called, said = _gpu_attention_calls(monkeypatch, capability, 200, backward=True)
     if flash:
         assert called == Counter(sdpa=1, flashmask=1, flash_attn=1) and not said
     else:
         assert called == Counter(block=1)
-        assert [str(w.message) for w in said] == [
+        assert said == [
             f"attention on GPU: flash-attn refuses head_dim 200 on compute capability {capability[0]}.{capability[1]} "
-            "(flash-attn's backward above 192 runs on 8.0 and 9.0 only), so this run materialises the attention "
-            "scores, which plan did not count"]  # once for all three
+            "(flash-attn's backward above 192 runs on 8.0 and 9.0 only), so this process materialises the [b, heads, "
+            "s, s] attention scores, which its kernels were not resolved for (config judged another GPU, one of "
+            "unknown capability, or no model); for flash attention head_dim (under MLA max(qk_nope_head_dim + "
+            "qk_rope_head_dim, v_head_dim)) must be a multiple of 8 of at most 192, or run on a GPU of compute "
+            "capability 8.0 / 9.0 (A100, H100)"]  # once for all three
+
+
+@pytest.mark.parametrize("capability", [(8, 6), (8, 9)])
+def test_a_forward_alone_takes_flash_attention_where_only_its_backward_refuses(monkeypatch, capability):
+    """eval and generate (`paddle.no_grad`), and context parallelism's ring (its forward under `no_grad`, its
+    backward `block_backward`'s): flash-attn's forward takes 200 on every SM 8.x (`CHECK_FWD_EXECTUABLE`), so a
+    forward alone runs it there, without a warning; they took the materialised paths and warned of a backward."""
+    with paddle.no_grad():
+        called, said = _gpu_attention_calls(monkeypatch, capability, 200, backward=True)
+    assert called == Counter(sdpa=1, flashmask=1, flash_attn=1) and not said
+    called, said = _gpu_attention_calls(monkeypatch, capability, 200, backward=False)  # (no tensor needs a gradient)
+    assert called == Counter(sdpa=1, flashmask=1, flash_attn=1) and not said
+
+
+def test_over_256_the_causal_path_runs_sdpas_memory_efficient_kernel_unwarned(monkeypatch):
+    """Width 264 (a multiple of 8): sdpa picks its memory-efficient kernel itself (`emu.sdpa_backend`: no scores),
+    so the causal path calls it and says nothing (it said the scores materialise); flashmask and the ring's flash
+    block, which flash-attn's forward refuses, materialise, said once."""
+    q = paddle.zeros([1, 8, 2, 264]).astype("bfloat16")
+    assert emu.sdpa_backend(q, q, q, None, True) == "mem_efficient"
+    monkeypatch.setattr(kernels, "_REFUSED", set(), raising=False)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", ref_sdpa)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kernels.attention_sdpa_causal(q, q, q)
+    assert not [w for w in caught if "flash-attn" in str(w.message)]  # the causal path alone
+    called, said = _gpu_attention_calls(monkeypatch, (9, 0), 264, backward=True)
+    assert called == Counter(sdpa=1, block=1)
+    assert len(said) == 1 and said[0].startswith("attention on GPU: flash-attn refuses head_dim 264 (flash-attn takes "
+                                                 "multiples of 8 up to 256), so this process materialises")
 
 
 def test_flash_attentions_head_width_rule():
-    """`flash_refuses`, the one rule of the three GPU attention paths (flash_attn.cu's two checks)."""
+    """`flash_refuses` and `flash_width.path`, the one rule of the three GPU attention paths (flash_attn.cu's two
+    checks, sdpa.py's choice of kernel) and of `config.compute.flash_width`."""
     assert kernels.flash_refuses(192, (8, 6)) is None  # DeepSeek-V2/V3's MLA width, on every Ampere-or-later GPU
     assert kernels.flash_refuses(128, (7, 5)) is None  # (pre-Ampere GPUs never ask: `config.resolve` runs math)
     assert kernels.flash_refuses(256, (8, 0)) is None and kernels.flash_refuses(256, (9, 0)) is None
     assert kernels.flash_refuses(256, (8, 9)).startswith("head_dim 256 on compute capability 8.9")
+    assert kernels.flash_refuses(256, (8, 9), backward=False) is None  # its forward runs on every SM 8.x
     for width in (12, 20, 264):
         assert kernels.flash_refuses(width, (9, 0)) == f"head_dim {width} (flash-attn takes multiples of 8 up to 256)"
+    paths = {(w, cap, sdpa, backward): flash_width.path(w, cap, sdpa, backward)
+             for w in (12, 200, 260, 264) for cap in ((8, 6), (9, 0)) for sdpa in (True, False)
+             for backward in (True, False)}
+    assert {key for key, p in paths.items() if p == "flash"} == {
+        (200, (9, 0), True, True), (200, (9, 0), False, True), (200, (9, 0), True, False),
+        (200, (9, 0), False, False), (200, (8, 6), True, False), (200, (8, 6), False, False)}
+    assert {key for key, p in paths.items() if p == "mem_efficient"} == {
+        (264, cap, True, backward) for cap in ((8, 6), (9, 0)) for backward in (True, False)}  # causal sdpa only
 
 
 def test_mla_pads_its_value_heads_to_the_query_width_so_sdpa_takes_flash_attention(gpu, monkeypatch):

@@ -250,3 +250,40 @@ def test_capability_comes_from_the_driver_and_one_rule_serves_plan_and_train(mon
     monkeypatch.setattr(runtime, "gpu_capability", lambda: (8, 6))
     assert resolve(bf16, model_config(), targets.launcher_target()).kernels.attention == "flash"
     assert hardware.pre_ampere(hardware.capability("T4")) and not hardware.pre_ampere(hardware.capability("H100"))
+
+
+# ---------------------------------------------------------------- sdpa's backend choice (review of 5cc91543)
+@pytest.mark.parametrize("capability", [(8, 0), (8, 6), (9, 0)])
+def test_the_emulated_sdpa_backend_is_paddles_own_choice_at_every_width(monkeypatch, capability):
+    """`emu.sdpa_backend` against sdpa.py 3.3.1's own `select_sdp_for_sdpa`, its device probes answered as a GPU of
+    `capability` with flash and memory-efficient kernels built (bf16 among flash's dtypes, as on Ampere): the
+    emulator said mem_efficient for half precision at width 12, where sdpa's `minimum_gemm_alignment` (8 for half)
+    sends it to math; over 256 (a multiple of 8) sdpa runs mem_efficient, which holds no scores."""
+    import paddle.nn.functional.sdpa as S
+
+    S.init_config()
+    monkeypatch.setitem(S._config["flash_attn"], "support_dtypes", emu.HALF)
+    monkeypatch.setitem(S._config["mem_efficient_attn"], "support_dtypes", (*emu.HALF, paddle.float32))
+    monkeypatch.setattr(S, "check_all_tensors_on_device", lambda params: True)
+    monkeypatch.setattr(S, "get_device_capability", lambda device_id: capability)
+    monkeypatch.setattr(S, "check_flash_attention_hardware_support", lambda device_id: (8, 0) <= capability <= (12, 1))
+    monkeypatch.setattr(S, "check_mem_efficient_hardware_support", lambda device_id: (5, 0) <= capability <= (12, 1))
+    monkeypatch.setattr(S, "_get_enabled_backends", lambda: [S.SDPBackend.MATH, S.SDPBackend.FLASH_ATTENTION,
+                                                              S.SDPBackend.EFFICIENT_ATTENTION])
+    S.use_tensor_cores.cache_clear()
+    S.minimum_gemm_alignment.cache_clear()
+    seen = {}
+    try:
+        for dtype in (paddle.float16, paddle.bfloat16, paddle.float32):
+            for width in (12, 20, 36, 192, 200, 256, 260, 264, 320):
+                q = paddle.zeros([1, 4, 2, width]).astype(dtype)
+                params = S.SDPParams(q.shape, q.shape, q.shape, None, 0.0, True, None, False, (dtype,) * 3,
+                                     (q.place,) * 3)
+                seen[(str(dtype), width)] = want = S.select_sdp_for_sdpa(params)
+                assert emu.sdpa_backend(q, q, q, None, True, None, capability) == want, (dtype, width, want)
+    finally:
+        S.use_tensor_cores.cache_clear()
+        S.minimum_gemm_alignment.cache_clear()
+    half = {w: seen[("paddle.float16", w)] for w in (12, 20, 192, 200, 256, 264, 320)}
+    assert half == {12: "math", 20: "math", 192: "flash_attn", 200: "flash_attn", 256: "flash_attn",
+                    264: "mem_efficient", 320: "mem_efficient"}  # the reviewer's probe (R2), on every capability

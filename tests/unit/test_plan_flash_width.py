@@ -10,6 +10,7 @@ import json
 import pytest
 
 from plan_helpers import plan
+from pretrain_cli.config import compute
 from pretrain_cli.config.parser import parse_config
 from pretrain_cli.config.presets import PRESET_DIR
 from pretrain_cli.config.resolve import resolve
@@ -18,8 +19,11 @@ from pretrain_cli.ops import flash_width
 from pretrain_cli.planning import hardware
 from pretrain_cli.run_config import Target
 
+MLA_FIX = ("for flash attention max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim) must be a multiple of 8 of at "
+           "most 192")
+GPU_FIX = f"{MLA_FIX}, or run on a GPU of compute capability 8.0 / 9.0 (A100, H100)"
 NOTE = ("use_flash_attention: flash attention refuses head width 200 on L40S (compute capability 8.9; flash-attn's "
-        "backward above 192 runs on 8.0 and 9.0 only): planned with the scores materialised")
+        f"backward above 192 runs on 8.0 and 9.0 only): planned with the scores materialised; {GPU_FIX}")
 # an MLA of query/key width 136 + 64 = 200 (value 16, padded to 200), and one whose value heads are the wider
 WIDE_QK = {"qk_nope_head_dim": 136, "qk_rope_head_dim": 64}
 WIDE_V = {"qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 200}
@@ -73,7 +77,7 @@ def test_a_width_no_gpu_takes_materialises_on_an_h100_too(write_args, tmp_path):
                                                                          "v_head_dim": 6, "kv_lora_rank": 12}))
     assert r["attention"] == "math"
     assert _said(r) == ["use_flash_attention: flash attention refuses head width 12 on H100-SXM (flash-attn takes "
-                        "multiples of 8 up to 256): planned with the scores materialised"]
+                        f"multiples of 8 up to 256): planned with the scores materialised; {MLA_FIX}"]
 
 
 def test_deepseek_v3s_192_runs_flash_on_every_ampere_or_later_gpu(write_args, tmp_path):
@@ -96,7 +100,7 @@ def test_train_on_the_gpu_the_driver_names_resolves_the_materialised_path_with_o
     assert run.kernels.attention == "math"
     assert [n for n in run.notes if "flash attention refuses" in n] == [
         "use_flash_attention: flash attention refuses head width 200 on NVIDIA L40S (compute capability 8.9; "
-        "flash-attn's backward above 192 runs on 8.0 and 9.0 only): the run materialises the scores"]
+        f"flash-attn's backward above 192 runs on 8.0 and 9.0 only): the run materialises the scores; {GPU_FIX}"]
     assert _resolved(model, target=Target("gpu", gpu_name="NVIDIA H100", gpu_capability=(9, 0))).kernels.attention \
         == "flash"
     # a GPU whose capability is unknown: the width alone is judged (the kernels still fall back at run time)
@@ -116,3 +120,49 @@ def test_over_256_a_causal_run_keeps_sdpas_memory_efficient_kernel(keys, attenti
     world = 2 if "--context_parallel_degree" in keys else 1
     run = _resolved(model, *keys, target=Target("gpu", world, gpu_name="H100-SXM", planned=True))
     assert run.kernels.attention == attention
+
+
+def test_over_256_the_causal_runs_note_says_sdpas_memory_efficient_kernel_runs():
+    """Width 264 (head_dim, not MLA) on a causal run: flash's memory is kept, and one note says what runs instead
+    of flash-attn, with the key to change (the `kernels:` words alone said flash-attn)."""
+    model = _preset("micro-llama", hidden_size=4 * 264, num_attention_heads=4, num_key_value_heads=4)
+    run = _resolved(model, target=Target("gpu", gpu_name="H100-SXM", planned=True))
+    assert run.kernels.attention == "flash"
+    assert [n for n in run.notes if "flash attention refuses" in n] == [
+        "use_flash_attention: flash attention refuses head width 264 (flash-attn takes multiples of 8 up to 256): on "
+        "H100-SXM Paddle's sdpa runs its memory-efficient kernel instead, which holds no [b, heads, s, s] scores "
+        "either; for flash attention head_dim must be a multiple of 8 of at most 192"]
+
+
+def test_context_parallelism_judges_flash_attentions_forward_alone():
+    """The ring runs flash-attn's forward only (its backward is `ops.block_attention.block_backward`'s, its forward
+    under `paddle.no_grad`), which takes 200 on an L40S: the flash blocks run there, unnoted (they were turned to the
+    reference blocks for a backward flash-attn never runs); 12 is refused by the forward too."""
+    l40s = Target("gpu", 2, gpu_name="NVIDIA L40S", gpu_capability=(8, 9))
+    run = _resolved(_preset("micro-deepseek-v3", **WIDE_QK), "--context_parallel_degree", "2", target=l40s)
+    assert run.kernels.attention == "flash" and not [n for n in run.notes if "flash attention refuses" in n]
+    narrow = _preset("micro-deepseek-v3", qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, kv_lora_rank=12)
+    assert _resolved(narrow, "--context_parallel_degree", "2", target=l40s).kernels.attention == "math"
+
+
+def test_eval_and_generate_judge_the_models_width_as_a_forward(monkeypatch):
+    """`orchestration.targets.inference_kernels` with the model (`config.compute.kernels_for`'s `flash_width`, a
+    forward alone): 12 materialises on every GPU, with the note, so the `kernels:` line names sdpa_mask; 200 runs
+    flash-attn's forward on an L40S too. Without the model nothing is judged (as before)."""
+    from pretrain_cli.orchestration import targets
+
+    l40s = Target("gpu", gpu_name="NVIDIA L40S", gpu_capability=(8, 9))
+    monkeypatch.setattr(targets, "inference_target", lambda: l40s)
+    args = parse_config(None, ["--use_flash_attention", "true", "--bf16", "true"])
+    narrow = ModelConfig.from_dict(_preset("micro-deepseek-v3", qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+                                           kv_lora_rank=12))
+    kernels, device = targets.inference_kernels(arguments=args, model_cfg=narrow)
+    assert (kernels.attention, device) == ("math", "gpu")
+    notes = []
+    compute.kernels_for(args, l40s, notes, model_cfg=narrow)
+    assert [n for n in notes if "flash attention refuses" in n] == [
+        "use_flash_attention: flash attention refuses head width 12 on NVIDIA L40S (flash-attn takes multiples of 8 "
+        f"up to 256): the run materialises the scores; {MLA_FIX}"]
+    wide = ModelConfig.from_dict(_preset("micro-deepseek-v3", **WIDE_QK))
+    assert targets.inference_kernels(arguments=args, model_cfg=wide)[0].attention == "flash"
+    assert targets.inference_kernels(arguments=args)[0].attention == "flash"

@@ -97,28 +97,38 @@ def resolve_kernels(args: Arguments, target: Target, precision: Precision, notes
                         fuse_o_proj=not (t.recompute and t.recompute_granularity == "full_attn"))
 
 
-def flash_width(kernels: KernelConfig, model_cfg, target: Target, cp: int, mask: str, notes: list) -> KernelConfig:
-    """Flash attention asked for on a GPU at a head width flash-attn refuses there (`ops.flash_width.refusal` on the
-    model's `head_width`, MLA's padded max(qk_head_dim, v_head_dim); the driver's compute capability under `train`,
-    the table's for `plan`'s device) runs the materialised path: `ops.kernels` falls back to it at run time, so the
-    run resolves to it here, with one note, and `plan` counts the `[b, heads, s, s]` scores (flash and math count
-    the same FLOPs: its speed) and the `kernels:` line names them. Not where Paddle's sdpa runs its memory-efficient
-    kernel instead, which holds no scores: a causal mask without context parallelism at a width over 256 that is a
-    multiple of 8 (sdpa.py 3.3.1 `check_head_dim_size_mem_efficient`; `kernels.attention_sdpa_causal` calls sdpa)."""
+def flash_width(kernels: KernelConfig, model_cfg, target: Target, cp: int, mask: str, notes: list,
+                backward: bool = True) -> KernelConfig:
+    """What flash attention asked for on a GPU computes at the model's `head_width` (MLA's padded max(qk_head_dim,
+    v_head_dim)) there, by `ops.flash_width.path`, the rule `ops.kernels` runs by (the driver's compute capability
+    under `train`, the table's for `plan`'s device), with one note where it is not flash-attn. Where the scores
+    materialise the run resolves to the math path, so `plan` counts the `[b, heads, s, s]` scores (flash and math
+    count the same FLOPs: its speed) and the `kernels:` line names them. Where Paddle's sdpa runs its
+    memory-efficient kernel instead (a causal mask without context parallelism at a width over 256 that is a
+    multiple of 8: sdpa.py 3.3.1 `check_head_dim_size_mem_efficient`), which holds no scores either, flash's memory
+    is kept. `backward` False (`eval`, `generate`: a forward alone) and context parallelism (its ring's backward is
+    `ops.block_attention`'s) judge flash-attn's forward alone, which takes 193-256 on every GPU it runs on."""
     if target.device != "gpu" or kernels.attention != "flash" or model_cfg is None:
         return kernels
-    from pretrain_cli.ops.flash_width import WIDEST, refusal
+    from pretrain_cli.ops.flash_width import fix, path, refusal
     from pretrain_cli.planning.activations import head_width
     from pretrain_cli.planning.hardware import capability
 
-    width = head_width(model_cfg)
-    why = refusal(width, capability(target.gpu_name, target.gpu_capability))
-    if why is None or (width > WIDEST and width % 8 == 0 and cp == 1 and mask == "causal"):
+    width, cap = head_width(model_cfg), capability(target.gpu_name, target.gpu_capability)
+    backward = backward and cp == 1
+    chosen = path(width, cap, mask == "causal" and cp == 1, backward)
+    if chosen == "flash":
         return kernels
-    where, reason = why
+    where, reason = refusal(width, cap, backward)
+    gpu, how = target.gpu_name or "this GPU", fix(where, bool(model_cfg.mla))
+    if chosen == "mem_efficient":
+        notes.append(f"use_flash_attention: flash attention refuses head width {width} ({reason}): on {gpu} Paddle's "
+                     f"sdpa runs its memory-efficient kernel instead, which holds no [b, heads, s, s] scores either; "
+                     f"{how}")
+        return kernels
     done = "planned with the scores materialised" if target.planned else "the run materialises the scores"
-    notes.append(f"use_flash_attention: flash attention refuses head width {width} on {target.gpu_name or 'this GPU'} "
-                 f"({where + '; ' if where else ''}{reason}): {done}")
+    notes.append(f"use_flash_attention: flash attention refuses head width {width} on {gpu} "
+                 f"({where + '; ' if where else ''}{reason}): {done}; {how}")
     return replace(kernels, attention="math")
 
 
@@ -154,17 +164,20 @@ def attention_words(kernels: KernelConfig, device: str, mask: str, cp: int = 1) 
     return f"{name} ({what})"
 
 
-def kernels_for(args: Arguments, target: Target, notes: list | None = None,
-                problems: list | None = None) -> KernelConfig:
+def kernels_for(args: Arguments, target: Target, notes: list | None = None, problems: list | None = None,
+                model_cfg=None) -> KernelConfig:
     """The kernels one process of `target` runs for `args`, by `train`'s rules: what `eval` and `generate`
     build the model with (for a model no run wrote, `args` set `use_flash_attention: true` unless a kernel
     override says otherwise: `orchestration.targets.SNAPSHOT_ARGUMENTS`). `notes` receives what the rules said on
     the way (`precision: fp16 is not applicable on cpu`) and `problems`, apart, what `train` would refuse (`fp16,
     bf16: both are true`): the caller judges the problems (`orchestration.recorded.precision_verdict`) and an
-    override by the notes alone."""
+    override by the notes alone. `model_cfg`: the model they run, whose head width flash-attn's forward is judged
+    at (`flash_width`, a forward alone: 193-256 runs flash-attn on every GPU it runs on); None: not judged."""
     notes = [] if notes is None else notes
     found = Problems()
     kernels = resolve_kernels(args, target, resolve_precision(args, target.device, target, notes, found), notes)
+    documents = args.data.attention_mask_type == "document" and args.data.sample_mode != "padded"
+    kernels = flash_width(kernels, model_cfg, target, 1, "document" if documents else "causal", notes, False)
     if problems is not None:
         problems.extend(found.items)
     return kernels

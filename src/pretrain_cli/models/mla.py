@@ -16,8 +16,9 @@ kernel, flash attention on GPU, the materialised reference), which take one head
 value heads are zero-padded to the query width (the padded output columns are zero and dropped, as
 transformers' flash path does), and the queries are pre-multiplied so that the kernels' `1/√width` becomes
 MLA's softmax scale (`qk_head_dim^-½`, YaRN's `mscale_all_dim` correction included: `rope_scaling`). On a GPU that
-width is flash-attn's head width: DeepSeek-V2/V3's 192 runs on every Ampere-or-later GPU; one flash-attn refuses
-(`ops.kernels.flash_refuses`) materialises the scores.
+width is flash-attn's head width: DeepSeek-V2/V3's 192 runs on compute capability 8.x and 9.0, which flash-attn's
+forward check asserts (Blackwell's 10.0 / 12.0, which Paddle's sdpa admits, unverified); at a width flash-attn
+refuses (`ops.flash_width.path`) the kernels run sdpa's memory-efficient kernel or materialise the scores.
 """
 from __future__ import annotations
 

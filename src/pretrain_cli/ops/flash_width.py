@@ -1,26 +1,56 @@
 """flash-attn's head-width rule, pure (no Paddle, no device probe), so `config.compute` judges `plan`'s GPU by it
-and `ops.kernels.flash_refuses` this process's GPU: one definition of what the GPU attention paths cannot run.
+and `ops.kernels` this process's GPU: one definition of what a GPU run's memory-light attention computes at a width.
 
 The library Paddle's flash_attn and flashmask_attention kernels call (PaddlePaddle/flash-attention
-csrc/flash_attn/flash_attn.cu): CHECK_FWD_EXECTUABLE asserts head_size % 8 == 0 and <= 256, CHECK_BWD_EXECTUABLE
-adds is_sm80 || is_sm90 above 192. Paddle's sdpa (nn/functional/sdpa.py 3.3.1, check_head_dim_size_flash,
-check_flash_attention_hardware_support: SM 8.0-12.1) checks neither the 192 rule nor, for flashmask_attention
-(nn/functional/flash_attention.py), anything: a run stopped mid-step where they failed.
+csrc/flash_attn/flash_attn.cu): CHECK_FWD_EXECTUABLE asserts head_size % 8 == 0 and <= 256 (and sm8x or sm90),
+CHECK_BWD_EXECTUABLE adds is_sm80 || is_sm90 above 192. Paddle's sdpa (nn/functional/sdpa.py 3.3.1,
+check_head_dim_size_flash, check_flash_attention_hardware_support: SM 8.0-12.1) checks neither the 192 rule nor,
+for flashmask_attention (nn/functional/flash_attention.py), anything: a run stopped mid-step where they failed.
+Where sdpa's flash check refuses, it tries its memory-efficient kernel, which wants every width a multiple of
+`minimum_gemm_alignment` (8 for fp16/bf16 on a tensor-core GPU) and holds no scores; else its math path.
 """
 from __future__ import annotations
 
 BACKWARD_WIDE = ((8, 0), (9, 0))  # the compute capabilities with flash-attn's backward above ANY_GPU_WIDTH
 ANY_GPU_WIDTH = 192  # the widest head flash-attn runs forward and backward on every GPU it runs on
 WIDEST = 256  # its forward's widest head (a multiple of 8)
+HALF_ALIGNMENT = 8  # sdpa.py `minimum_gemm_alignment` for fp16/bf16: its memory-efficient kernel's width rule
+PATHS = ("flash", "mem_efficient", "math")  # what `path` answers
 
 
-def refusal(head_dim: int, capability: tuple[int, int] | None) -> tuple[str, str] | None:
-    """(where, why) flash attention cannot run `head_dim` (forward and backward) on a GPU of compute capability
-    `capability`, or None where it can: `where` is "" for a width no GPU takes, else the capability's words
-    ("compute capability 8.9"). `capability` None: unknown, which counts as able (the width alone is judged)."""
+def refusal(head_dim: int, capability: tuple[int, int] | None, backward: bool = True) -> tuple[str, str] | None:
+    """(where, why) flash attention cannot run `head_dim` on a GPU of compute capability `capability` (forward and,
+    with `backward`, backward), or None where it can: `where` is "" for a width no GPU takes, else the
+    capability's words ("compute capability 8.9"). `capability` None: unknown, which counts as able (the width
+    alone is judged). Without a backward only the forward's width check counts: a forward alone (eval, generate,
+    context parallelism's blocks, whose backward is `ops.block_attention`'s) runs 193-256 on every such GPU."""
     if head_dim % 8 or head_dim > WIDEST:
         return "", f"flash-attn takes multiples of 8 up to {WIDEST}"
-    if head_dim <= ANY_GPU_WIDTH or capability is None or tuple(capability) in BACKWARD_WIDE:
+    if not backward or head_dim <= ANY_GPU_WIDTH or capability is None or tuple(capability) in BACKWARD_WIDE:
         return None
     return (f"compute capability {capability[0]}.{capability[1]}",
             f"flash-attn's backward above {ANY_GPU_WIDTH} runs on 8.0 and 9.0 only")
+
+
+def path(head_dim: int, capability: tuple[int, int] | None, sdpa: bool, backward: bool = True) -> str:
+    """What a GPU run that asks for flash attention (fp16/bf16) computes at `head_dim` (one of `PATHS`): flash-attn
+    where `refusal` lets it; else, on the causal path through Paddle's sdpa (`sdpa`: a causal mask without context
+    parallelism, `kernels.attention_sdpa_causal`), sdpa's memory-efficient kernel where the width is a multiple of
+    8 (over 256: sdpa.py 3.3.1 `check_head_dim_size_mem_efficient`), holding no scores like flash; else the
+    `[b, heads, s, s]` scores materialised ("math": sdpa's own math path for a width not a multiple of 8, and for
+    193-256 off 8.0 / 9.0, where sdpa would still pick flash-attn, `kernels.attention_sdpa_mask`)."""
+    if refusal(head_dim, capability, backward) is None:
+        return "flash"
+    if sdpa and head_dim > WIDEST and head_dim % HALF_ALIGNMENT == 0:
+        return "mem_efficient"
+    return "math"
+
+
+def fix(where: str, mla: bool | None = None) -> str:
+    """How to get flash attention back, naming the keys that set the width (`mla` None: both kinds of model's):
+    a width of at most 192 that is a multiple of 8 runs on every GPU flash-attn runs on; the 193-256 a `where`
+    names, on compute capability 8.0 / 9.0 (A100, H100)."""
+    keys = {True: "max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim)", False: "head_dim"}.get(
+        mla, "head_dim (under MLA max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim))")
+    gpu = ", or run on a GPU of compute capability 8.0 / 9.0 (A100, H100)" if where else ""
+    return f"for flash attention {keys} must be a multiple of 8 of at most {ANY_GPU_WIDTH}{gpu}"

@@ -52,43 +52,62 @@ def one_dtype(q, k, v):
 _REFUSED: set = set()  # the reasons already warned about (the rule itself: `ops.flash_width`, `config` reads it too)
 
 
-def flash_refuses(head_dim: int, capability=None) -> str | None:
-    """Why flash attention cannot run (forward and backward) at this head width on this GPU, or None where it can
-    (`flash_width.refusal`). `capability` None: this process's GPU's (`runtime.gpu_capability`, asked only where
-    the width leaves it to the GPU; unknown counts as able). MLA's width is its padded one (`models.mla`: 192 for
-    DeepSeek-V2/V3, which every Ampere-or-later GPU takes)."""
-    why = flash_width.refusal(head_dim, capability)
-    if why is None and capability is None and head_dim > flash_width.ANY_GPU_WIDTH:
-        why = flash_width.refusal(head_dim, runtime.gpu_capability())
+def _capability(head_dim: int, capability):
+    """`capability`, else this process's GPU's (`runtime.gpu_capability`) where the width leaves it to the GPU."""
+    if capability is None and flash_width.ANY_GPU_WIDTH < head_dim <= flash_width.WIDEST and head_dim % 8 == 0:
+        return runtime.gpu_capability()
+    return capability
+
+
+def flash_refuses(head_dim: int, capability=None, backward: bool = True) -> str | None:
+    """Why flash attention cannot run this head width (MLA's padded one, `models.mla`) on this GPU (`capability`
+    None: this process's; unknown counts as able), forward and, with `backward`, backward; None where it can."""
+    why = flash_width.refusal(head_dim, _capability(head_dim, capability), backward)
     if why is None:
         return None
     where, reason = why
     return f"head_dim {head_dim}{' on ' + where if where else ''} ({reason})"
 
 
-def materialise(head_dim: int) -> bool:
-    """True where flash attention refuses `head_dim` (`flash_refuses`), with one warning per reason a process:
-    the caller takes the path that materialises the scores, which `plan` did not count."""
-    why = flash_refuses(head_dim)
-    if why is None:
-        return False
-    if why not in _REFUSED:
-        _REFUSED.add(why)
-        warnings.warn(f"attention on GPU: flash-attn refuses {why}, so this run materialises the attention scores, "
-                      f"which plan did not count", RuntimeWarning, stacklevel=3)
-    return True
+def _backward(*tensors) -> bool:
+    """Whether autograd may take a backward through this call (as `ops.linear_loss`): not under `paddle.no_grad`
+    (eval, generate, context parallelism's ring, whose backward is its own) nor of tensors that need no gradient.
+    The kernels decide it themselves, so a forward alone takes flash-attn where only its backward refuses."""
+    import paddle
+
+    return paddle.is_grad_enabled() and not all(t.stop_gradient for t in tensors)
+
+
+def gpu_path(head_dim: int, sdpa: bool = False, backward: bool = True) -> str:
+    """`flash_width.path` on this process's GPU (flash, mem_efficient or math), with one warning per reason a
+    process where the scores materialise: `config.compute.flash_width` judged the width already on the GPU it knew
+    (the math path, which `plan` counts), so this fires where it could not: another GPU than planned, one of unknown
+    capability, a caller that resolved no model."""
+    capability = _capability(head_dim, None)
+    chosen = flash_width.path(head_dim, capability, sdpa, backward)
+    if chosen == "math":
+        where, _ = flash_width.refusal(head_dim, capability, backward)
+        why = flash_refuses(head_dim, capability, backward)
+        if why not in _REFUSED:
+            _REFUSED.add(why)
+            warnings.warn(f"attention on GPU: flash-attn refuses {why}, so this process materialises the [b, heads, "
+                          f"s, s] attention scores, which its kernels were not resolved for (config judged another "
+                          f"GPU, one of unknown capability, or no model); {flash_width.fix(where)}", RuntimeWarning,
+                          stacklevel=3)
+    return chosen
 
 
 def attention_sdpa_causal(q, k, v):
     """GPU path: mask=None + is_causal lets Paddle dispatch to flash-attn-2 for fp16/bf16 (q, k, v of one dtype).
-    A head width flash-attn refuses (`flash_refuses`): sdpa takes its math path itself where the width is not a
-    multiple of 8 up to 256 (`check_head_dim_size_flash`), and `attention_sdpa_mask` runs where sdpa would still
-    pick flash-attn (above 192 off compute capability 8.0 / 9.0: the backward would stop the run)."""
+    A head width flash-attn refuses (`gpu_path`): sdpa picks its memory-efficient kernel itself over 256 (a
+    multiple of 8) and its math path where the width is not a multiple of 8 (`check_head_dim_size_flash`,
+    `check_head_dim_size_mem_efficient`); `attention_sdpa_mask` runs where sdpa would still pick flash-attn (193-256
+    off compute capability 8.0 / 9.0 with a backward to come: it would stop the run; a forward alone runs flash)."""
     import paddle.nn.functional as F
 
     q, k, v = one_dtype(q, k, v)
     d = q.shape[-1]
-    if materialise(d) and d % 8 == 0 and d <= 256:
+    if gpu_path(d, sdpa=True, backward=_backward(q, k, v)) == "math" and d % 8 == 0:
         return attention_sdpa_mask(q, k, v)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -121,13 +140,13 @@ def attention_flashmask(q, k, v, doc_start):  # pragma: no cover - GPU only
     With `causal=True` and `startend_row_indices` `[bsz, 1, seq_len, 1]`, rows at and below index r of key
     column j are masked; r = the end of key j's document, which is the number of rows whose document starts
     at or before j (starts are sorted). GQA is handled by the op. A head width flash-attn refuses
-    (`flash_refuses`) takes `attention_sdpa_mask` with the same documents: the kernel would stop the run.
+    (`gpu_path`) takes `attention_sdpa_mask` with the same documents: the kernel would stop the run.
     """
     import paddle
     from paddle.nn.functional import flashmask_attention
 
     q, k, v = one_dtype(q, k, v)
-    if materialise(q.shape[-1]):
+    if gpu_path(q.shape[-1], backward=_backward(q, k, v)) != "flash":
         return attention_sdpa_mask(q, k, v, doc_start)
     bsz, seq_len = doc_start.shape
     cols = paddle.arange(seq_len, dtype="int64").unsqueeze(0).expand([bsz, seq_len])  # [bsz, seq_len]
@@ -137,14 +156,17 @@ def attention_flashmask(q, k, v, doc_start):  # pragma: no cover - GPU only
 
 def block_forward_flash(q, k, v, visible=None, causal: bool = False):  # pragma: no cover - GPU only
     """GPU: flash attention's own per-block output and lse (fp16/bf16) when the block is fully visible or the
-    causal diagonal, in fp16/bf16; a document mask or fp32 takes `block_forward` (the block's scores materialised).
+    causal diagonal, in fp16/bf16; a document mask, fp32 or a width flash-attn's forward refuses takes
+    `block_forward` (the block's scores materialised). The ring's backward is `block_backward`'s, never flash-attn's,
+    and its forward runs under `paddle.no_grad`: so 193-256 runs flash on every GPU flash-attn runs on.
     A causal block must be square: the kernel aligns a non-square causal mask top-left (flash_fwd_kernel.h of
     PaddlePaddle/flash-attention), which `distributed.steps.context._tiles` never asks for."""
     import paddle
 
     q, k, v = one_dtype(q, k, v)
     d = q.shape[-1]
-    if (visible is not None and not causal) or q.dtype not in (paddle.float16, paddle.bfloat16) or materialise(d):
+    if ((visible is not None and not causal) or q.dtype not in (paddle.float16, paddle.bfloat16)
+            or gpu_path(d, backward=_backward(q, k, v)) != "flash"):
         return block_forward(q, k, v, visible, causal)  # flash attention: fp16/bf16, a head width it takes
     bsz, n_kv, n_rep, q_len, _ = q.shape
     k_len = k.shape[3]

@@ -32,12 +32,15 @@ def inference_target() -> Target:
 SNAPSHOT_ARGUMENTS = ("--use_flash_attention", "true")
 
 
-def inference_kernels(run: RunConfig | None = None, arguments: Arguments | None = None) -> tuple[KernelConfig, str]:
+def inference_kernels(run: RunConfig | None = None, arguments: Arguments | None = None,
+                      model_cfg=None) -> tuple[KernelConfig, str]:
     """(kernel request, device) for `eval` and `generate`: a run's own (`eval --config`: the same resolution
     as `train`), else what the run's `arguments` (a run's args.json) or, for a model no run wrote, an argument
     file setting `use_flash_attention: true` resolves to here: what that path costs `train` (on CPU, fp32
     probabilities kept for the backward) a forward alone never pays, and its CPU block kernel computes the losses
-    of the scores' path, faster; a GPU in fp32 keeps the math path by `train`'s own rule."""
+    of the scores' path, faster; a GPU in fp32 keeps the math path by `train`'s own rule, and `model_cfg`'s head
+    width is judged as a forward's (`config.compute.flash_width`: where flash-attn's forward refuses it, the math
+    path, so the `kernels:` line names what runs)."""
     if run is not None:
         return run.kernels, run.device
     from pretrain_cli.config.compute import kernels_for
@@ -45,7 +48,7 @@ def inference_kernels(run: RunConfig | None = None, arguments: Arguments | None 
     target = inference_target()
     if arguments is None:
         arguments = parse_config(None, list(SNAPSHOT_ARGUMENTS))
-    return kernels_for(arguments, target), target.device
+    return kernels_for(arguments, target, model_cfg=model_cfg), target.device
 
 
 def simulated_target(world_size: int) -> Target:
