@@ -60,3 +60,18 @@ def test_the_launch_a_file_is_written_for_counts_its_stated_data_parallel_degree
     for world in (4, 6):  # each such world passes resolve
         assert resolve_run("--pipeline_parallel_degree", "2", "--data_parallel_size", str(world // 2),
                            "--gradient_accumulation_steps", "4", world=world).parallel.dp_degree == world // 2
+
+
+def test_the_keys_rows_and_note_say_a_degree_the_layout_does_not_give_is_refused():
+    """COMPATIBILITY.md's rows (from `paddlenlp_keys`, as the note a file stating one gets) said only that the data
+    ranks are computed, as if any value were taken and ignored."""
+    from pathlib import Path
+
+    from pretrain_cli.config.paddlenlp_keys import IGNORED
+
+    rows = {line.split("|")[1].strip(" `"): line for line in
+            (Path(__file__).parents[2] / "docs" / "COMPATIBILITY.md").read_text().splitlines()
+            if line.startswith("| `data_parallel_")}
+    for key in ("data_parallel_degree", "data_parallel_size"):
+        assert "a value above 1 that they do not give is refused" in IGNORED[key][1]
+        assert IGNORED[key][1] in rows[key]

@@ -28,6 +28,10 @@ import json
 from pretrain_cli.config.pipeline import PP_FLAGS
 from pretrain_cli.errors import UserError
 
+# data_parallel_degree's and data_parallel_size's (`config.parallel`'s refusal; one process checks a file for many)
+DATA_RANKS_COMPUTED = ("computed from the world size and the other degrees; a value above 1 that they do not give is "
+                       "refused on more than one process (the run would train on another global batch than the "
+                       "file's)")
 # key -> (PaddleNLP's default, why it has no effect here)
 PADDLENLP_IGNORED = {
     "model_type": ("llama", "the legacy llm/llama/run_pretrain.py's model class; here config.json's model_type "
@@ -83,12 +87,12 @@ PADDLENLP_IGNORED = {
     "log_level": ("passive", "rank 0 logs at INFO"),
     "log_level_replica": ("warning", "only global rank 0 logs"),
     "save_safetensors": (True, "checkpoints are safetensors always"),
-    "data_parallel_degree": (1, "computed from the world size and the other degrees"),
+    "data_parallel_degree": (1, DATA_RANKS_COMPUTED),
 }
 # PaddleFormers' keys of its own (no PaddleNLP file has them) -> (its default, why it has no effect here)
 PADDLEFORMERS_IGNORED = {
     # its pretraining files' keys
-    "data_parallel_size": (1, "computed from the world size and the other degrees"),
+    "data_parallel_size": (1, DATA_RANKS_COMPUTED),
     "reorder_pipeline_priority": (False, "PaddleFormers' sharding-before-pipeline rank order; here pipeline stages "
                                          "are outermost"),
     "using_fake_gate": (False, "PaddleFormers' benchmark stand-in for the router's logits (its FakeGate); the "
