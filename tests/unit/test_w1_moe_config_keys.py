@@ -59,6 +59,7 @@ def test_a_qwen3_moe_shared_expert_is_refused_for_a_new_model_and_not_built_for_
     ("decoder_sparse_step", 2, "first_k_dense_replace"),
     ("mlp_only_layers", [1], "first_k_dense_replace"),
     ("shared_expert_intermediate_size", 64, "n_shared_experts"),
+    ("moe_layer_freq", 2, "first_k_dense_replace"),  # DeepSeek's remote code's key: every 2nd layer there
 ])
 def test_qwens_moe_keys_in_a_deepseek_config_are_refused_or_left_to_transformers(key, value, named):
     d = _preset("micro-deepseek-v3", num_hidden_layers=3, first_k_dense_replace=1, **{key: value})
@@ -67,7 +68,8 @@ def test_qwens_moe_keys_in_a_deepseek_config_are_refused_or_left_to_transformers
     cfg = ModelConfig.from_dict(d, pretrained=True)  # as transformers' DeepseekV3 builds it: every layer from 1 on
     assert cfg.sparse_layers == [1, 2] and cfg.extra[key] == value and cfg.shared_expert_intermediate_size == 0
     assert cfg.to_hf_dict()[key] == value  # kept as it is, as transformers keeps a key it does not read
-    inert = {"decoder_sparse_step": 1, "mlp_only_layers": [], "shared_expert_intermediate_size": 0}[key]
+    inert = {"decoder_sparse_step": 1, "mlp_only_layers": [], "shared_expert_intermediate_size": 0,
+             "moe_layer_freq": 1}[key]
     assert ModelConfig.from_dict({**d, key: inert}).sparse_layers == [1, 2]
 
 

@@ -373,6 +373,7 @@ def _balance_weight(value, key: str, source: str) -> None:
 _SPARSE = "its layers from first_k_dense_replace on are all sparse: remove it and set first_k_dense_replace"
 _DEEPSEEK_INSTEAD = {
     "decoder_sparse_step": ((None, 1), _SPARSE), "mlp_only_layers": ((None, []), _SPARSE),
+    "moe_layer_freq": ((None, 1), _SPARSE),  # DeepSeek's own code's and PaddleFormers', not transformers' class's
     "shared_expert_intermediate_size": ((None, 0), "its shared experts are n_shared_experts of moe_intermediate_size "
                                                    "each: remove it and set n_shared_experts"),
     "router_aux_loss_coef": (None, ""),  # PaddleFormers' name of its balance weight: read, never refused
