@@ -146,8 +146,12 @@ class TrainingArguments:
                                                     "outermost (the link between nodes carries the stages' "
                                                     "activations).",
                                                     "ignored")
-    tensor_parallel_output: bool = _f(True, "vocab-parallel logits: with tensor parallelism the LM head is split over "
-                                          "the vocabulary whenever the degree divides it.", "ignored")
+    tensor_parallel_output: bool = _f(True, "PaddleNLP's choice of vocab-split logits (true) or logits gathered over "
+                                          "the tensor-parallel ranks (false), the same loss either way; here the "
+                                          "layout decides: tensor parallelism splits the LM head over the vocabulary "
+                                          "only without pipeline, sequence, context or expert parallelism (or "
+                                          "multi-head latent attention outside ZeRO-3), of a degree dividing "
+                                          "vocab_size, and keeps it whole otherwise.", "ignored")
     # --- memory and kernels
     recompute: bool = _f(False, "Activation recomputation (checkpointing).")
     recompute_granularity: str = _f(
