@@ -174,6 +174,40 @@ def test_a_write_that_may_still_be_published_is_said_unpublished_not_lost(tmp_pa
     assert unsaved.clause({"1": 6}, [1], out, host).endswith("unfinished: checkpoint-6 was not saved")
 
 
+def test_the_rerun_advice_beside_a_write_that_may_still_be_published_names_both_checkpoints(tmp_path):
+    """Where rank 0 may still publish checkpoint-6, the re-run resumes from it if it does, from checkpoint-3 if not:
+    the advice says so (`unsaved.resume_advice`). It said "re-run to resume from out/checkpoint-3, the newest
+    complete checkpoint" on the same line as "rank 0 may still publish it", wrong if rank 0 does. Where the re-run's
+    start does not hang on it (resume_from_checkpoint, overwrite_output_dir) the advice is as before."""
+    out = tmp_path / "out"
+    (out / "checkpoint-3").mkdir(parents=True)
+    w = _watcher(tmp_path, out, hang_timeout=10.0)  # its ranks: this process, running
+    _records(w, {0: 6})
+    cause = w._check_progress(os.open(os.devnull, os.O_WRONLY))
+    both = (f"it resumes from the newest complete checkpoint ({out / 'checkpoint-6'} if rank 0 publishes it, else "
+            f"{out / 'checkpoint-3'})")
+    line = w._line(cause)
+    assert "(rank 0 may still publish it); this rank stops too. See that rank's workerlog for its cause; re-run the " \
+        f"same command: {both}." in line and "the newest complete checkpoint." not in line, line
+    line = w._line({**cause, "ranks": [1]}, own=True)
+    assert f"the other ranks stop too. Re-run the same command (or launch with MAX_RESTART): {both}." in line, line
+    lost = w._line({**cause, "kind": "lost", "statuses": [9]})
+    assert f"this rank stops too. Re-run the same command (or launch with MAX_RESTART): {both}." in lost, lost
+    empty = _watcher(tmp_path / "e", tmp_path / "none", hang_timeout=10.0)  # no complete checkpoint yet
+    _records(empty, {0: 6})
+    assert ("re-run the same command: it resumes from the newest complete checkpoint ("
+            f"{tmp_path / 'none' / 'checkpoint-6'} if rank 0 publishes it, else starts from step 0: "
+            f"{tmp_path / 'none'} holds no complete checkpoint).") in empty._line(
+        empty._check_progress(os.open(os.devnull, os.O_WRONLY)))
+    named = _watcher(tmp_path / "n", out, hang_timeout=10.0, resume_from=str(out / "checkpoint-3"))
+    _records(named, {0: 6})
+    line = named._line(named._check_progress(os.open(os.devnull, os.O_WRONLY)))
+    assert "(rank 0 may still publish it)" in line and "if rank 0 publishes it" not in line, line
+    assert unsaved.resume_advice({"0": 6}, {0: os.getpid()}, out) == both
+    assert unsaved.resume_advice({"0": 6}, {0: os.getpid()}, out, True) is None  # overwrite: step 0 either way
+    assert unsaved.resume_advice(None, {0: os.getpid()}, out) is None
+
+
 def test_a_rank_killed_during_its_background_write_is_named_with_it_and_its_notice_says_it_once(tmp_path, stopped):
     w = _watcher(tmp_path, tmp_path / "out", stopped)
     w.evidence.statuses = {1: signal.SIGKILL}
@@ -229,3 +263,11 @@ def test_a_long_wait_for_a_background_write_is_said_once(monkeypatch, caplog):
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and said[0].startswith("checkpoint-6: waiting for its background write (under way for "), said
     assert said[0].endswith(" s) to finish before going on"), said
+
+
+def test_the_part_record_read_is_the_one_the_shard_writer_writes():
+    """`unsaved.PART` copies `training.shard_writer.RECORD` (the launcher may not import training, a layer above):
+    a rename of one alone would make every part read as unwritten, and a write rank 0 may still publish "not saved"."""
+    from pretrain_cli.training import shard_writer
+
+    assert unsaved.PART == shard_writer.RECORD

@@ -16,7 +16,8 @@ took checkpoint-6. The watcher waits for its host's ranks to be dead or stopped 
 published is lost for good when rank 0 is among them, or when a rank of the host lacks its part (rank 0 elsewhere
 publishes only once every part is in). Otherwise (rank 0 on another host with every part here written, or a rank
 still running after `WAIT` s) the line says only what it saw: not published when it was written, and that rank 0 may
-still publish it.
+still publish it; its re-run advice then names both checkpoints the re-run may take (`resume_advice`), not the one
+`rerun.resumes` finds now, which is wrong if rank 0 publishes.
 """
 from __future__ import annotations
 
@@ -24,9 +25,12 @@ import json
 import time
 
 from pretrain_cli import processes, run_dir
+from pretrain_cli.distributed.launcher import rerun
 
 WAIT = 1.0  # the longest a watcher waits for its host's ranks to be dead or stopped before it says a write is lost
-PART = "rank-{:05d}.done.json"  # a rank's record of its finished part (`training.shard_writer.RECORD`, a layer above)
+# a rank's record of its finished part: `training.shard_writer.RECORD`, a layer above this one, so copied here, and
+# tests/unit/test_unsaved_write.py holds the two equal (a renamed record would read as every part unwritten)
+PART = "rank-{:05d}.done.json"
 
 
 def settle(pids) -> None:
@@ -47,9 +51,7 @@ def clause(writing: dict | None, named: list, output_dir, host: dict | None = No
     publish it)"."""
     if not writing:
         return ""
-    by_rank = {int(r): int(step) for r, step in writing.items()}
-    final = _final(by_rank, output_dir, host)  # (before the look for the published: see `_final`)
-    lost = sorted({step for step in by_rank.values() if not _published(output_dir, step)})
+    by_rank, final, lost = _states(writing, output_dir, host)
     if not lost:
         return ""
     gone, pending = [s for s in lost if s in final], [s for s in lost if s not in final]
@@ -64,6 +66,40 @@ def clause(writing: dict | None, named: list, output_dir, host: dict | None = No
     ranks = f"rank {writers[0]}" if len(writers) == 1 else f"ranks {', '.join(map(str, writers))}"
     state = "was under way" if pending else "was cut short"
     return f"; the background write of {_names(lost)} ({ranks}) {state}: {said}"
+
+
+def resume_advice(writing: dict | None, host: dict | None, output_dir, overwrite: bool = False,
+                  resume_from=None) -> str | None:
+    """What follows "re-run the same command: " where a checkpoint of `writing` may still be published (`clause`'s
+    "rank 0 may still publish it"): "it resumes from the newest complete checkpoint (out/checkpoint-6 if rank 0
+    publishes it, else out/checkpoint-3)". The re-run takes the newest published one (`rerun.NEWEST`), not known
+    yet: `rerun.resumes`'s one checkpoint, beside "may still publish it", was wrong if rank 0 published. None where
+    the re-run's start does not hang on it (nothing pending; resume_from_checkpoint or overwrite_output_dir decides;
+    a checkpoint as new published meanwhile): `rerun.resumes` then."""
+    if not writing or not output_dir or rerun.judge(overwrite, resume_from, output_dir) != rerun.NEWEST:
+        return None
+    _, final, lost = _states(writing, output_dir, host)
+    pending = [s for s in lost if s not in final]
+    try:
+        published = run_dir.list_checkpoints(output_dir)
+    except OSError:
+        published = []
+    if not pending or (published and published[-1][0] >= max(pending)):
+        return None
+    paths = [str(run_dir.checkpoint_dir(output_dir, s)) for s in pending]
+    maybe = (f"{paths[0]} if rank 0 publishes it" if len(paths) == 1 else
+             f"the newest of {', '.join(paths[:-1])} and {paths[-1]} that rank 0 publishes")
+    otherwise = (f"else {published[-1][1]}" if published else
+                 f"else starts from step 0: {output_dir} holds no complete checkpoint")
+    return f"it resumes from the newest complete checkpoint ({maybe}, {otherwise})"
+
+
+def _states(writing: dict, output_dir, host: dict | None) -> tuple[dict, set, list]:
+    """({rank: step} of `writing`, the steps nothing can publish any more, the steps not published), looked at in
+    that order (`_final` before `_published`: see `_final`)."""
+    by_rank = {int(r): int(step) for r, step in writing.items()}
+    final = _final(by_rank, output_dir, host)
+    return by_rank, final, sorted({step for step in by_rank.values() if not _published(output_dir, step)})
 
 
 def _final(by_rank: dict, output_dir, host: dict | None) -> set:

@@ -356,17 +356,19 @@ class Watcher:
 
     def _line(self, cause: dict, own: bool = False) -> str:
         causes, statuses, named = cause["ranks"], cause["statuses"], self._named(cause)
-        resumes = rerun.resumes(*self.output)  # (as output_dir holds it now)
+        # where rank 0 may still publish a write (`named` says so), the re-run takes it if it does: both named
+        both = unsaved.resume_advice(cause.get("writing"), self.ranks, *self.output)
+        to = f": {both}" if both else f" to {rerun.resumes(*self.output)}"  # (as output_dir holds it now)
         if cause["kind"] == "lost":  # the cause is elsewhere: its node's log, not this host's, says what it was
             lead, stop = ("", "") if self.me in causes or own else (f"rank {self.me}: ", "; this rank stops too")
-            return (f"\n{rank_log.PREFIX}{lead}{named}{stop}. Re-run the same command (or launch with MAX_RESTART) to "
-                    f"{resumes}.\n")
+            return (f"\n{rank_log.PREFIX}{lead}{named}{stop}. Re-run the same command (or launch with "
+                    f"MAX_RESTART){to}.\n")
         usage = any(processes.exit_code(st) == 2 for st in statuses)  # a usage error: resuming would repeat it
         if self.me in causes or own:
-            todo = ("Fix the error above, then re-run" if usage else "Re-run the same command (or launch with "
-                    f"MAX_RESTART) to {resumes}")
+            todo = ("Fix the error above, then re-run" if usage else
+                    f"Re-run the same command (or launch with MAX_RESTART){to}")
             return f"\n{rank_log.PREFIX}{named}; the other ranks stop too. {todo}.\n"
-        todo = "for its error" if usage else f"for its cause; re-run to {resumes}"
+        todo = "for its error" if usage else f"for its cause; re-run{' the same command' if both else ''}{to}"
         return f"\n{rank_log.PREFIX}rank {self.me}: {named}; this rank stops too. See that rank's workerlog {todo}.\n"
 
     read_held = staticmethod(read_held)  # (for `departure.follow`, which cannot import this module: a circle)
