@@ -1,5 +1,5 @@
 """PaddleNLP's `rope_scaling_type: dynamic_ntk` at inference: `eval` and `generate` judge it as training does
-(`models.config_checks.length_notes`, the one judgement all three share), at the length a forward reads. Within
+(`models.position_checks.length_notes`, the one judgement all three share), at the length a forward reads. Within
 max_position_embeddings it is plain RoPE, said in one note; past it PaddleNLP grows the rotation's base and no RoPE
 here does, so pretrained weights are refused in one line naming what sets the length (they ran plain RoPE there
 silently). A model without weights takes that length as its range, as `train` raises a new model's

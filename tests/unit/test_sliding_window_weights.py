@@ -10,7 +10,7 @@ import pytest
 
 from pretrain_cli.config.parser import parse_config
 from pretrain_cli.errors import UserError
-from pretrain_cli.models import config_checks
+from pretrain_cli.models import position_checks
 from pretrain_cli.models.config import ModelConfig
 from pretrain_cli.orchestration import opened
 
@@ -31,16 +31,16 @@ def test_within_the_window_pretrained_weights_run_and_keep_their_window_keys():
     by window_note (from_dict judged it too, its note thrown away)."""
     cfg = ModelConfig.from_dict(SWA, "hub/swa/config.json", pretrained=True)
     assert {k: cfg.to_hf_dict()[k] for k in WINDOW_KEYS} == {k: SWA[k] for k in WINDOW_KEYS}  # saved as read
-    note = config_checks.window_note(cfg, "hub/swa/config.json", 16, "max_seq_length")
+    note = position_checks.window_note(cfg, "hub/swa/config.json", 16, "max_seq_length")
     assert note.startswith("hub/swa/config.json: use_sliding_window: true: layers 1-3 of 4 attend to the last 16 "
                            "tokens, and sequences of 16 tokens never reach that window")
     with pytest.raises(UserError) as e:
-        config_checks.window_note(cfg, "hub/swa/config.json", 64, "max_seq_length")
+        position_checks.window_note(cfg, "hub/swa/config.json", 64, "max_seq_length")
     assert "sequences of 64 tokens reach past that window" in str(e.value)
     assert str(e.value).endswith("lower max_seq_length to at most 16") and "set it to false" not in str(e.value)
     none = {**SWA, "max_window_layers": 4, "layer_types": ["full_attention"] * 4}  # no layer has it: any length
     cfg = ModelConfig.from_dict(none, "n/config.json", pretrained=True)
-    assert "no layer has a window" in config_checks.window_note(cfg, "n/config.json", 64, "max_seq_length")
+    assert "no layer has a window" in position_checks.window_note(cfg, "n/config.json", 64, "max_seq_length")
     assert cfg.to_hf_dict()["layer_types"] == ["full_attention"] * 4
     odd = {**SWA, "layer_types": ["full_attention", "sliding_attention", "linear_attention", "sliding_attention"]}
     with pytest.raises(UserError, match=r"^s/config.json: layer_types .*: only full_attention and sliding_attention "
@@ -100,7 +100,7 @@ def test_the_windowed_layers_are_those_transformers_masks(model_type):
     for first in (0, 1, 3):
         d = {"model_type": model_type, "num_hidden_layers": 4, "use_sliding_window": True, "sliding_window": 4,
              "max_window_layers": first}
-        assert config_checks._window_layers(d) == (4, _masked_layers(model_type, first)), first
+        assert position_checks._window_layers(d) == (4, _masked_layers(model_type, first)), first
 
 
 def test_transformers_qwen2_is_the_same_model_until_a_sequence_passes_the_window():
@@ -181,8 +181,8 @@ def test_eval_and_generate_judge_the_length_a_forward_reads(tmp_path, capsys, mo
         f"lower the {tokens} tokens of the prompt (only a shorter prompt helps: a forward reads the whole prompt at "
         f"any --max_new_tokens) to at most 16"), err
     narrow = _export(tmp_path, 16, layers=2)  # the window (16) holds the whole context (16 positions)
-    judged, window_note = [], config_checks.window_note
-    monkeypatch.setattr(config_checks, "window_note", lambda cfg, source, length, key: judged.append(length) or
+    judged, window_note = [], position_checks.window_note
+    monkeypatch.setattr(position_checks, "window_note", lambda cfg, source, length, key: judged.append(length) or
                         window_note(cfg, source, length, key))
     code = cli_main(["generate", "--model", narrow, "--prompt", "hello", "--max_new_tokens", "30", "--json"])
     out = capsys.readouterr()

@@ -64,12 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _model_config(name: str, length: int, length_key: str, key: str = "--model"):
     """(model_dir, cfg) without Paddle, so a bad model fails in well under a second; weights in files not read
     (pytorch_model.bin) are refused here, never evaluated at random init, and windows of `length` tokens are judged
-    as `train` judges its samples (`config_checks.length_notes`, naming `length_key`): beside weights, a sliding
+    as `train` judges its samples (`position_checks.length_notes`, naming `length_key`): beside weights, a sliding
     window they reach or PaddleNLP's dynamic_ntk past max_position_embeddings is refused; a model without weights
     is the one `train` would build for `length` (its range raised to it), never refused. `key`: where the model was
     named (--model, or the --config file's output_dir)."""
     from pretrain_cli.config.presets import resolve_model_dir
-    from pretrain_cli.models import config_checks
+    from pretrain_cli.models import position_checks
     from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.models.model_files import has_weights
     from pretrain_cli.models.foreign_weights import refuse_unread
@@ -78,7 +78,7 @@ def _model_config(name: str, length: int, length_key: str, key: str = "--model")
     refuse_unread(model_dir, key)
     pretrained = has_weights(model_dir)
     cfg = ModelConfig.from_file(model_dir, pretrained=pretrained)  # (the window: judged below)
-    for note in config_checks.length_notes(cfg, os.path.join(model_dir, "config.json"), length, length_key,
+    for note in position_checks.length_notes(cfg, os.path.join(model_dir, "config.json"), length, length_key,
                                            pretrained):
         print(f"note: {note}", file=sys.stderr)
     return model_dir, cfg

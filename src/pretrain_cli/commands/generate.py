@@ -178,7 +178,7 @@ def main(ns: argparse.Namespace) -> int:
         if not ids:
             raise UserError(f"{where}: the prompt encodes to no tokens; give some text")
         prompts.append((where if where == "--prompt" else f"the prompt at {where}", text, ids))
-    from pretrain_cli.models import config_checks
+    from pretrain_cli.models import position_checks
     from pretrain_cli.models.model_files import has_weights
     from pretrain_cli.models.generation import context_window, generate
     from pretrain_cli.storage.checkpoint_dir import CheckpointDir
@@ -189,7 +189,7 @@ def main(ns: argparse.Namespace) -> int:
     stops = _stop_ids(model_dir, cfg, tok)  # (a bad generation_config.json: one line, before the model loads)
     # the window slides at the length the weights were trained to read (the run's, past config.json's number)
     limit, whose = context_window(cfg.max_position_embeddings, CheckpointDir(model_dir).trained_length)
-    # the sequences are judged as `train` judges its samples (`config_checks.length_notes`: pretrained weights'
+    # the sequences are judged as `train` judges its samples (`position_checks.length_notes`: pretrained weights'
     # sliding window and dynamic_ntk range; a model without weights is the one `train` builds for that length, never
     # refused), once, at the longest sequence a forward reads: the longest prompt and its new tokens but the last
     # (new token j is predicted from the prompt and the j - 1 before it; the last is never read back), at most
@@ -201,9 +201,9 @@ def main(ns: argparse.Namespace) -> int:
     key = "the prompt's tokens" if where == "--prompt" else f"the tokens of {where}"
     alone = f"the {len(ids)} tokens of {'the prompt' if where == '--prompt' else where}"
     try:
-        notes = config_checks.length_notes(cfg, source, longest, f"{key} + --max_new_tokens - 1", pretrained)
+        notes = position_checks.length_notes(cfg, source, longest, f"{key} + --max_new_tokens - 1", pretrained)
     except UserError:
-        config_checks.length_notes(cfg, source, min(len(ids), limit), f"{alone} (only a shorter prompt helps: a "
+        position_checks.length_notes(cfg, source, min(len(ids), limit), f"{alone} (only a shorter prompt helps: a "
                                    f"forward reads the whole prompt at any --max_new_tokens)", pretrained)
         raise
     for note in notes:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pretrain_cli.errors import UserError
 from pretrain_cli.json_mistakes import loads
-from pretrain_cli.models import config_checks
+from pretrain_cli.models import config_checks, position_checks
 from pretrain_cli.models.families import MODEL_TYPES as SUPPORTED_MODEL_TYPES
 from pretrain_cli.models.families import family
 
@@ -127,7 +127,7 @@ class ModelConfig:
         """Accept both transformers 4 (`rope_theta`/`rope_scaling`) and 5 (`rope_parameters`). `pretrained`: the
         directory's weights are read (continue_training, eval, generate), so a refusal never advises changing the
         architecture they were trained with; a sliding window they were trained with is judged by the command that
-        knows its length and the key setting it (`config_checks.window_note`)."""
+        knows its length and the key setting it (`position_checks.window_note`)."""
         d = dict(d)
         model_type = d.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
@@ -135,7 +135,7 @@ class ModelConfig:
                 f"{source}: model_type {model_type!r} is not supported; "
                 f"use one of {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
-        config_checks.paddlenlp_rope(d, source)  # (PaddleNLP's rope_scaling_type and alibi, before rope_scaling)
+        position_checks.paddlenlp_rope(d, source)  # (PaddleNLP's rope_scaling_type and alibi, before rope_scaling)
         rope_params = d.pop("rope_parameters", None) or {}
         if "rope_theta" in rope_params:  # transformers 5 gives rope_parameters precedence
             d["rope_theta"] = rope_params["rope_theta"]
@@ -150,7 +150,7 @@ class ModelConfig:
         d["rope_scaling"] = scaling
         if "dtype" in d and "torch_dtype" not in d:
             d["torch_dtype"] = d["dtype"]
-        config_checks.sliding_window(d, source, pretrained, None)  # (a new model's refusal; the length: window_note)
+        position_checks.sliding_window(d, source, pretrained, None)  # (a new model's refusal; the length: window_note)
         if pretrained:
             config_checks.quantized(d.get("quantization_config"), source)
         layer_types = d.get("layer_types")

@@ -18,7 +18,7 @@ from pretrain_cli.run_config import RunConfig
 def build_model_config(args: Arguments):
     """(model directory, ModelConfig) from `model_name_or_path` (a local directory or a preset)."""
     from pretrain_cli.config.presets import resolve_model_dir
-    from pretrain_cli.models import config_checks
+    from pretrain_cli.models import position_checks
     from pretrain_cli.models.config import ModelConfig, past_positions, read_generation
     from pretrain_cli.models.families import FAMILIES
     from pretrain_cli.storage.checkpoint_dir import CheckpointDir
@@ -70,7 +70,7 @@ def build_model_config(args: Arguments):
     cfg.validate(pretrained=pretrained)
     key = "--max_seq_length" if args.explicit.get("max_seq_length") == "command line" else "max_seq_length"
     if isinstance(seq, int):  # weights' sliding window, PaddleNLP's rope_scaling_type: where they change nothing
-        args.rewritten += tuple(config_checks.length_notes(cfg, str(path), seq, key, pretrained))
+        args.rewritten += tuple(position_checks.length_notes(cfg, str(path), seq, key, pretrained))
     if past := past_positions(cfg, seq, trained=CheckpointDir(model_dir).trained_length):
         # pretrained weights train past their range, as PaddleNLP's continue_training does, and keep its number:
         # under llama3/yarn scaling it is part of the frequencies (transformers reads it as
