@@ -238,3 +238,24 @@ def test_a_runs_own_precision_this_gpu_lacks_runs_with_a_note_and_only_what_the_
     assert e.value.lines == ["bf16: Tesla T4 has no bf16 tensor cores (compute capability 7.5; bf16 came with Ampere, "
                              "8.0: A10, A100, L4, H100), and Paddle's AMP would silently run fp32; pass --bf16 false "
                              "--fp16 true (loss-scaled fp16), or --bf16 false alone for fp32"]
+
+
+@pytest.mark.parametrize("command", ["eval", "generate"])
+def test_eval_and_generate_hand_their_model_to_the_kernel_choice(tmp_path, capsys, monkeypatch, command):
+    """The head-width rule of flash attention (`config.compute.flash_width`) is judged on the model evaluated or
+    sampled: without it a GPU's `kernels:` line named flash-attn where the width makes the run materialise."""
+    seen = []
+    real = targets.inference_kernels
+
+    def recording(*a, **kw):
+        seen.append(kw.get("model_cfg"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(targets, "inference_kernels", recording)
+    model = _snapshot(tmp_path)
+    if command == "eval":
+        prefix = write_tokens(tmp_path / "c", n_docs=8, doc_len=64, vocab_size=320)
+        _run(capsys, "eval", "--model", model, "--data", prefix, "--max_seq_length", "96", "--json")
+    else:
+        _run(capsys, "generate", "--model", model, "--prompt", "hello world", "--max_new_tokens", "2", "--json")
+    assert len(seen) == 1 and isinstance(seen[0], ModelConfig) and seen[0].hidden_size == CFG["hidden_size"]

@@ -208,7 +208,7 @@ def main(ns: argparse.Namespace) -> int:
         raise
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args))
+    model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args, model_cfg=cfg))
     if source != "trained weights":  # said once, before any text
         from pretrain_cli.config.presets import is_preset
 
