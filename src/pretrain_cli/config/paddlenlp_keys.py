@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 
 from pretrain_cli.config.pipeline import PP_FLAGS
+from pretrain_cli.counts import count
 from pretrain_cli.errors import UserError
 
 # data_parallel_degree's and data_parallel_size's (`config.parallel`'s refusal; one process checks a file for many)
@@ -134,8 +135,10 @@ PADDLEFORMERS_IGNORED = {
                              "updates of whole gradients; none is broadcast after the step"),
     "sync_grad": (False, "gradients of parameters that are not split over tensor-parallel ranks are whole on every "
                          "tp rank already; none is broadcast"),
-    "global_batch_size": (None, "computed: per_device_train_batch_size x data ranks x gradient_accumulation_steps "
+    "global_batch_size": (None, "computed: per_device_train_batch_size x gradient_accumulation_steps x data ranks "
                                 "(`check` prints it), as PaddleFormers' FinetuningArguments recomputes it over the "
+                                "file's value (PaddleNLP's run_pretrain.py has no such key); a value other than that "
+                                "is a note naming the batch the run trains at and the accumulation that gives the "
                                 "file's value"),
     "pad_token_id": (0, "the padding token's id; packed samples hold no padding, and padded samples (sample_mode: "
                         "padded) take the tokenizer's pad token"),
@@ -294,12 +297,41 @@ def check_flags(args, parallel, problems, notes) -> bool:
     return t.async_save
 
 
-def notes_for(args) -> list[str]:
+def global_batch(value, micro: int, acc: int, ranks: int) -> str | None:
+    """The note for a `global_batch_size` other than the batch the run trains at, else None. PaddleFormers'
+    FinetuningArguments (paddleformers-cli's parser, whatever the stage) overwrites the file's value with
+    per_device_train_batch_size x dataset_world_size x gradient_accumulation_steps, so the run does not train at it:
+    a Megatron-LM user, whose --global-batch-size sets the accumulation, reads the batch here and how to get theirs."""
+    batch = micro * acc * ranks
+    try:
+        wanted = int(str(value).strip())
+    except ValueError:
+        wanted = None
+    if value is None or wanted == batch or (wanted is not None and wanted <= 0):  # (ERNIE's -1: not set)
+        return None
+    per_step = micro * ranks
+    if wanted is not None and wanted > 0 and wanted % per_step == 0:
+        how = f"for {wanted} set gradient_accumulation_steps {wanted // per_step}"
+    else:
+        how = (f"{value} is no multiple of per_device_train_batch_size x data ranks ({per_step}), so no "
+               f"gradient_accumulation_steps gives it")
+    return (f"global_batch_size: accepted but has no effect here: the run trains at {count(batch, 'sequence')} a step "
+            f"(per_device_train_batch_size {micro} x gradient_accumulation_steps {acc} x {count(ranks, 'data rank')}), "
+            f"not {value}: PaddleFormers' FinetuningArguments recomputes it over the file's value as that product "
+            f"(PaddleNLP's run_pretrain.py has no such key); {how}")
+
+
+def notes_for(args, data_ranks: int) -> list[str]:
     """The notes for the PaddleNLP and PaddleFormers keys the parser set aside (`Arguments.extra`) and the aliases
-    it read."""
+    it read; `data_ranks`, the run's, for `global_batch_size`'s."""
+    t = args.training
     out = list(args.rewritten)
     out += [f"{key}: read as {ALIASES[key]} ({whose(key)} name for it)" for key in args.aliased
             if ALIASES[key] != "use_flash_attention"]  # (their values are read: `attention`'s note)
-    out += [f"{key}: accepted but has no effect here: {IGNORED[key][1]}" for key, value in args.extra.items()
-            if differs(key, value)]
+    for key, value in args.extra.items():
+        if key == "global_batch_size":
+            out += [n for n in [global_batch(value, t.per_device_train_batch_size, t.gradient_accumulation_steps,
+                                             data_ranks)] if n]
+        elif differs(key, value):
+            out.append(f"{key}: accepted but has no effect here: {IGNORED[key][1]}")
     return out

@@ -299,7 +299,7 @@ def resolve(args: Arguments, model_cfg, target: Target, judge=None) -> RunConfig
         spec = KEYS[key]
         if spec.support == "ignored" and args.get(key) != spec.default:
             notes.append(f"{key}: accepted but has no effect here: {spec.help}")
-    notes.extend(paddlenlp_keys.notes_for(args))
+    notes.extend(paddlenlp_keys.notes_for(args, parallel.data_world_size))  # (global_batch_size: the batch run)
     async_save = paddlenlp_keys.check_flags(args, parallel, problems, notes)
     problems.raise_if_any()
     loop = Loop(do_train=t.do_train, do_eval=t.do_eval, do_predict=t.do_predict, max_steps=t.max_steps,
