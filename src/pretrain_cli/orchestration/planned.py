@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from pretrain_cli.config import resolve as resolve_rules
 from pretrain_cli.config.compute import attention_words
+from pretrain_cli.config.one_process import stated_data_parallel
 from pretrain_cli.config.parallel import degree
 from pretrain_cli.config.keys import KEYS, coerce
 from pretrain_cli.config.parser import Arguments
@@ -140,11 +141,22 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     `levels` False: the file's precision level only, no O2 search (`train`'s out-of-memory hint, whose "re-run to
     resume" must not switch O1 to O2: the resume would build O2's master weights from half weights).
     """
-    base = plan(args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops, node)
+    stated = stated_data_parallel(args)  # a degree the layout decides: --fit searches and writes it (`_stated`)
+    free = _unstated(args) if stated else args
+    refused = []
+    try:
+        base = plan(args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops, node)
+    except UserError:  # (refused as written on these devices: planned with the data ranks they give, if that runs)
+        if not stated:
+            raise
+        base = plan(free, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops, node)
+        refused = [f"{key}: {n} is not what {gpus} processes give with the file's other degrees (`train` refuses "
+                   f"it there): the file as written is planned with the data ranks they give, and the fitted "
+                   f"layout's degree is written" for key, n in stated]
     as_written = base  # the file as written: its memory, speed and warnings are the "before"
-    notes = [n for n in base.notes if "WARNING" in n]
+    notes = [*refused, *(n for n in base.notes if "WARNING" in n)]
     precision = _precision_for(args, device)
-    searched = with_changes(args, precision)
+    searched = with_changes(free, precision)
     if precision:  # the search runs, and the fitted file trains, in the precision the device has
         base = plan(searched, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops, node)
         notes.append(f"bf16: {base.device.name} has no bf16 tensor cores, so the fitted layout runs fp16 "
@@ -157,11 +169,11 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     found = fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path,
                            progress, fewer)
     if not levels or base.precision.amp_level != "O1" or not base.device.peak_tflops:
-        return _kept(found, found, current, base, replan, budget, carried)
+        return _stated(_kept(found, found, current, base, replan, budget, carried), stated, replan)
     if "fp16_opt_level" in args.explicit:  # the file's level is kept: O2's search (40 % of the time) not run
         found = {**found, "notes": [*found["notes"], "precision: the file sets fp16_opt_level O1, so --fit keeps it "
                                                      "(without the key it tries O2 too)"]}
-        return _kept(found, found, current, base, replan, budget, carried)
+        return _stated(_kept(found, found, current, base, replan, budget, carried), stated, replan)
     # a half-precision O1 file: O2 (half weights, fp32 master weights and AdamW state) searched too, as a lever
     o2_args = with_changes(searched, {"fp16_opt_level": "O2"})
     o2_base = plan(o2_args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops, node)
@@ -170,7 +182,35 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
                         budget, margin, [*carried, ("fp16_opt_level", "O1", "O2")], list(notes), args.config_path,
                         progress)
     best = pick_precision(found, o2, base.precision.amp_dtype, bool(searched.training.amp_master_grad))
-    return _kept(best, found, current, base, replan, budget, carried)
+    return _stated(_kept(best, found, current, base, replan, budget, carried), stated, replan)
+
+
+def _unstated(args: Arguments) -> Arguments:
+    """`args` without the data-parallel degree the file states (PaddleNLP's `data_parallel_degree`, PaddleFormers'
+    `data_parallel_size`): `config.parallel` refuses a layout that does not give it, so with it every candidate of
+    another tensor, pipeline or sharding split was refused and --fit searched that degree's layouts only (llama-3-8b
+    on 8 A100-40GB stating 4: not the tp layout planned 29 % faster). --fit changes it as it changes the other
+    degrees, and writes the chosen one (`_stated`)."""
+    out = copy.copy(args)
+    out.extra = {k: v for k, v in args.extra.items() if k not in dict(stated_data_parallel(args))}
+    return out
+
+
+def _stated(found: dict, stated: list[tuple[str, int]], replan) -> dict:
+    """`found` with each data-parallel degree the file states (`stated`: (key, degree)) set to the one the chosen
+    layout gives, in its change and diff, so `-o`'s file is one `train` runs (`config.parallel` refuses a stated
+    degree the layout does not give): the stated one where it still holds (the layout's dp, or its data ranks, dp
+    x sharding: PaddleNLP's and the refusal's), else the layout's dp, world / (sharding x tp x pp x cp) as PaddleNLP
+    computes it."""
+    if not stated or found["after"] is None:
+        return found
+    chosen = replan({k: v for k, v in found["change"].items() if k in KEYS})
+    if chosen is None:  # (planned already by the search: not expected)
+        return found
+    dp, ranks = chosen.parallel.dp, chosen.parallel.data_ranks
+    moved = [(key, old, old if old in (dp, ranks) else dp) for key, old in stated]
+    return {**found, "change": {**found["change"], **{k: new for k, _, new in moved}},
+            "diff": [*found["diff"], *((k, old, new) for k, old, new in moved if new != old)]}
 
 
 def _kept(best: dict, found: dict, current: dict, base: Plan, replan, budget: float, carried: list) -> dict:
