@@ -7,7 +7,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 from pretrain_cli.config.paddleformers_keys import DEFAULTS, OUR_DEFAULTS, PIPELINE  # noqa: E402
-from pretrain_cli.config.megatron_names import MEGATRON, MODEL as MEGATRON_MODEL  # noqa: E402
+from pretrain_cli.config.megatron_names import (MEGATRON, MODEL as MEGATRON_MODEL,  # noqa: E402
+                                                OPTION as MEGATRON_OPTION)
 from pretrain_cli.config.paddlenlp_keys import (ALIAS_OF, ALIASES, AS_HERE, ATTENTION, FLAGS, IGNORED,  # noqa: E402
                                                 SWITCHES)
 from pretrain_cli.config.keys import KEYS, type_name  # noqa: E402
@@ -218,6 +219,13 @@ def render() -> str:
               "| Megatron-LM | here |", "|---|---|"]
     lines += [f"| `--{k.replace('_', '-')}` | {v} |" for k, v in MEGATRON.items()]
     lines += [f"| `--{k.replace('_', '-')}` | the model's config.json: `{v}` |" for k, v in MEGATRON_MODEL.items()]
+    own = {"data": "`--data` (`eval`)", "prefix": "the positional PREFIX, without an option name (`inspect-data`)",
+           "tokenizer": "`--tokenizer DIR` (`preprocess`, `inspect-data`, `generate`: a directory holding vocab.json + "
+                        "merges.txt, or tokenizer.json)"}
+    lines += ["\nOn the command line of a command with its own argument for one, the line names that argument "
+              "instead (`config.megatron_names.OPTION`; Megatron's tokenizer files together, in one line): " +
+              "; ".join(", ".join(f"`--{k.replace('_', '-')}`" for k, said in MEGATRON_OPTION.items() if said == v) +
+                        f": {' or '.join(own[o] for o in v)}" for v in dict.fromkeys(MEGATRON_OPTION.values())) + "."]
     lines += [PADDLEFORMERS,
               "| key | default there |", "|---|---|"]
     lines += [f"| `{k}` | `{json.dumps(d)}` |" for k, d in PIPELINE.items()]

@@ -150,10 +150,18 @@ def _misspelt_options(parser: CommandParser, tail: list[str], takes_keys: bool) 
     import difflib
 
     from pretrain_cli.config.keys import KEYS
+    from pretrain_cli.config.megatron_names import command_hint
     from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED
 
     spelt = parser.option_names()  # every spelling the command takes (`--list-models` and `--list_models`)
     own = {o[2:].replace("-", "_"): o for o in spelt}
+    # Megatron-LM's flags for what one of the command's own arguments says (`preprocess --vocab-file`: --tokenizer;
+    # `inspect-data --data-path`: its positional prefix), before their nearest spelling (`--data_ranks`)
+    flags = [t.split("=", 1)[0] for t in tail if t.startswith("--")]
+    said = command_hint([f[2:] for f in flags if f not in spelt], own,
+                        [a.dest for a in parser._actions if not a.option_strings], parser.prog)
+    if said:
+        raise UserError(f"command line: {said}")
     for token in tail:
         typed = token.split("=", 1)[0]
         key = typed[2:].replace("-", "_")

@@ -4,7 +4,9 @@ A user who pretrained with Megatron-LM writes its flags from memory (`--data-pat
 `--micro-batch-size`, `--train-iters`, `--lr-decay-style`) as keys of the argument file or `--key value` overrides.
 The nearest spelling among our keys is often another key (`train_iters`: `eval_iters`; `data_path`: `data_cache`;
 `vocab_file`: `vocab_size`), which sends them astray; the unknown-key line names the key to use instead
-(`config.parser._unknown`, in one line). Only names that are not keys here are listed: Megatron names that are keys
+(`config.parser._unknown`, in one line), or, on the command line of a command with its own argument for one
+(`preprocess --tokenizer`, `inspect-data`'s positional prefix), that argument (`OPTION`, `cli`'s unknown-option
+line). Only names that are not keys here are listed: Megatron names that are keys
 with the same meaning (`split`, `seed`, `eval_iters`, `weight_decay`, `bf16`, `sequence_parallel`) are read, in
 either spelling; PaddleFormers' Megatron-style degrees (`tensor_model_parallel_size`, ...) are read as its aliases,
 so only their hyphenated spellings reach this table.
@@ -77,17 +79,45 @@ MODEL = {
     "num_experts": "num_experts",
 }
 
-# Megatron's name -> a command's own option that says it (`eval --data PREFIX`), before the training key
-OPTION = {"data_path": "data"}
+# Megatron's name -> the command's own arguments that can say it, before the training key: an option (`eval --data
+# PREFIX`, `preprocess --tokenizer DIR`) or a positional (`inspect-data PREFIX`), whichever the command has
+_TOKENIZER = ("tokenizer",)
+OPTION = {"data_path": ("data", "prefix"), "vocab_file": _TOKENIZER, "merge_file": _TOKENIZER,
+          "tokenizer_type": _TOKENIZER, "tokenizer_model": _TOKENIZER}
+# such an option -> what it takes, said after it (Megatron's GPT-2 files are gpt2-vocab.json and gpt2-merges.txt)
+TAKES = {"tokenizer": " DIR (a directory holding vocab.json + merges.txt, or tokenizer.json: Megatron's vocab and "
+                      "merge files under those names)"}
+
+
+def command_hint(keys, options=(), positionals=(), prog: str | None = None) -> str | None:
+    """"`vocab-file` and `merge-file` are Megatron-LM's arguments; here pass --tokenizer DIR (...)": the Megatron
+    names among `keys` (as typed, either spelling) that one of the command's own arguments says, else None. The
+    first such name's argument is named, with every name of `keys` it says: one line for Megatron's pair of
+    tokenizer files. `options` and `positionals`: the command's own names (underscored); `prog`, the command as
+    typed, shows a positional's place (`pretrain-cli inspect-data PREFIX`)."""
+    found = [(key, own) for key in keys for own in OPTION.get(key.replace("-", "_"), ())
+             if own in options or own in positionals]
+    if not found:
+        return None
+    own = found[0][1]
+    typed = list(dict.fromkeys(key for key, theirs in found if theirs == own))
+    one = len(typed) == 1
+    names = (f"{' and '.join(f'`{key}`' for key in typed)} {'is' if one else 'are'} Megatron-LM's "
+             f"argument{'' if one else 's'}")
+    if own in options:
+        return f"{names}; here pass --{own}{TAKES.get(own, '')}"
+    return (f"{names}; here the {own} is the positional argument, without an option name"
+            f"{f': `{prog} {own.upper()}`' if prog else ''}")
 
 
 def megatron_hint(key: str, options=()) -> str | None:
     """"`data-path` is Megatron-LM's argument; here set input_dir (...)" for a Megatron name, in either spelling,
     else None. `key` as the user typed it (the line quotes it so); `options`: the command's own option names
-    (underscored), where one of them is the name to use (`eval --data`)."""
+    (underscored), where one of them is the name to use (`eval --data`: `command_hint`)."""
     name = key.replace("-", "_")
-    if name in OPTION and OPTION[name] in options:
-        return f"`{key}` is Megatron-LM's argument; here pass --{OPTION[name]}"
+    said = command_hint([key], options)
+    if said:
+        return said
     if name in MEGATRON:
         said = MEGATRON[name]
         return f"`{key}` is Megatron-LM's argument; {'' if said.startswith('no key') else 'here set '}{said}"
