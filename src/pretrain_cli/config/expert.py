@@ -32,10 +32,11 @@ def _more_ranks(ep: int, data_ranks: int, tp: int, pp: int, cp: int) -> str:
 
 
 def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, stage: int,
-                  problems: Problems) -> int:
+                  problems: Problems, asked: int | None = None) -> int:
     """`expert_parallel_degree` as `distributed.steps.expert_parallel` runs it, for a layout of `data_ranks` (dp ×
-    sharding) data ranks; 1 when off or refused (every problem named)."""
-    ep = max(args.training.expert_parallel_degree, 1)  # -1, 0 and 1 all mean off
+    sharding) data ranks; 1 when off or refused (every problem named). `asked`: the degree asked for where the key
+    does not state it (`paddlenlp_expert_parallel`'s)."""
+    ep = max(args.training.expert_parallel_degree if asked is None else asked, 1)  # -1, 0 and 1 all mean off
     if ep == 1:
         return 1
     experts = model_cfg.num_experts
@@ -57,3 +58,51 @@ def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, s
                 problems.add(f"expert_parallel_degree: {ep} {why}")
             return 1
     return ep
+
+
+def paddlenlp_expert_parallel(args, model_cfg, world: int, data_ranks: int, dp: int, stage: int, refused,
+                              notes: list) -> int:
+    """The expert-parallel degree PaddleNLP's `use_expert_parallel: true` asks for where the file states no
+    `expert_parallel_degree`, or 1, with one note either way. PaddleNLP's MoELayer (its default `moe_group: data`)
+    spreads the experts over fleet's data-parallel group, expert parallelism of the dp degree (world / (tp x pp x
+    sharding x sep)); the key was a note that it has no effect, and the run held every expert on every rank. Here
+    the same degree, `dp` (of `data_ranks`, dp x sharding), where this layout runs it (`refused(ep)`: the line of a
+    `config.refusals` row an expert degree adds, or None); else the note says why, and which degree or key runs."""
+    value = args.extra.get("use_expert_parallel")
+    if value is None or str(value).strip().lower() in ("false", "f", "no", "n", "0", "off"):
+        return 1
+    key, experts = "use_expert_parallel: true", model_cfg.num_experts
+    if not model_cfg.expert_layers:
+        notes.append(f"{key} has no effect: {model_cfg.model_type} has no experts")
+        return 1
+    if "expert_parallel_degree" in args.explicit:  # the file's degree decides (`expert_degree`)
+        if max(args.training.expert_parallel_degree, 1) == 1:
+            notes.append(f"{key} has no effect: expert_parallel_degree: {args.training.expert_parallel_degree} keeps "
+                         f"every expert on every rank (PaddleNLP spreads them over its data-parallel group; remove "
+                         f"that key to do so here)")
+        return 1
+    if world == 1:
+        notes.append(f"{key} has no effect on one process; on more, the experts are spread over the data-parallel "
+                     f"ranks, as PaddleNLP spreads them (expert_parallel_degree = the dp degree)")
+        return 1
+    dropping = args.model.capacity_factor > 0
+    why = (": tp x pp x cp take every process" if data_ranks == 1 else
+           f": the sharding group takes the {data_ranks} data ranks" if dp == 1 else
+           f", which does not divide num_experts ({experts})" if experts % dp else
+           f", while capacity_factor {args.model.capacity_factor} drops tokens and expert parallelism here runs "
+           f"dropless" if dropping else f", which this layout does not run: {refused(dp)}" if refused(dp) else "")
+    if not why:
+        notes.append(f"{key}: the experts are spread over the {dp} data-parallel ranks (expert_parallel_degree {dp}), "
+                     f"as PaddleNLP's MoELayer spreads them over its data-parallel group (moe_group 'data'); set "
+                     f"expert_parallel_degree to choose another degree")
+        return dp
+    runs = [e for e in range(data_ranks, 1, -1) if data_ranks % e == 0 and experts % e == 0 and not refused(e)]
+    what = ("set capacity_factor: 0 to spread them so" if dropping else
+            f"set expert_parallel_degree: {runs[0]} (a divisor of num_experts {experts} and the {data_ranks} data "
+            f"ranks) to spread them here" if runs else
+            f"no expert_parallel_degree runs with this layout's sharding: stage{stage} here (`check` with one says "
+            f"why)" if stage else f"no degree above 1 divides both num_experts ({experts}) and the "
+            f"{count(data_ranks, 'data rank')}")
+    notes.append(f"{key} has no effect here: PaddleNLP spreads the experts over its data-parallel group "
+                 f"(expert_parallel_degree = its dp degree, {dp} here{why}); {what}")
+    return 1

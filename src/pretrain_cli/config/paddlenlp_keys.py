@@ -45,7 +45,10 @@ PADDLENLP_IGNORED = {
     "fp16_full_eval": (False, "evaluation runs in the training precision"),
     "do_export": (False, "PaddleNLP's static-graph export; the final model is exported as an HF directory "
                          "(`pretrain-cli export` for any checkpoint)"),
-    "use_expert_parallel": (False, "expert_parallel_degree > 1 turns expert parallelism on"),
+    "use_expert_parallel": (False, "PaddleNLP spreads the experts over its data-parallel group (its MoELayer's "
+                                   "moe_group 'data': expert parallelism of the dp degree); without "
+                                   "expert_parallel_degree, so does the run here where its layout runs that, and one "
+                                   "note says so, or why not and what to set"),
     "release_grads": (False, "fleet's release of gradient buffers; the trainer clears the gradients after each step"),
     "sequence_parallel_config": ("", "the semi-auto engine's sequence-parallel flags"),
     "fuse_sequence_parallel_allreduce": (False, "a GPU fusion of the sequence-parallel all-reduce"),
@@ -171,6 +174,8 @@ AS_HERE = {"fine_tuning": (lambda v: str(v).strip().lower() != "lora", "any valu
            "recompute_method": (lambda v: str(v).strip() == "uniform", "uniform"),
            "recompute_num_layers": (lambda v: str(v).strip() == "1", "1")}
 
+# keys whose note the layout's resolution gives, as they may have an effect (`config.expert.paddlenlp_expert_parallel`)
+NOTED_BY_LAYOUT = frozenset({"use_expert_parallel"})
 # key -> (whether a value is refused, why): a key without effect here whose other values change what is trained
 REFUSED = {
     "stage": (lambda v: str(v) not in PRETRAINING_STAGES,
@@ -332,6 +337,6 @@ def notes_for(args, data_ranks: int) -> list[str]:
         if key == "global_batch_size":
             out += [n for n in [global_batch(value, t.per_device_train_batch_size, t.gradient_accumulation_steps,
                                              data_ranks)] if n]
-        elif differs(key, value):
+        elif differs(key, value) and key not in NOTED_BY_LAYOUT:
             out.append(f"{key}: accepted but has no effect here: {IGNORED[key][1]}")
     return out
