@@ -92,9 +92,10 @@ def test_the_step_is_the_slowest_stages_with_the_others_fill_and_drain():
     assert r.eta_hours == pytest.approx(r.max_steps * step / 3600, rel=1e-9)
     assert r.eta_traffic_hours == pytest.approx(r.eta_hours - compute, rel=1e-9) and r.eta_traffic_hours > 0
     even = r.total_tokens * r.flops_per_token.model / (8 * rate) / (1 - r.parallel.pipeline_bubble) / 3600
-    assert (f"x slowest stage {compute / even:.3f} = {compute * 60:.2f} min + traffic {r.eta_traffic_hours * 60:.2f} "
-            f"min (") in format_report(r)
-    assert f"not overlapped with compute) = {r.eta_hours * 60:.2f} min\n" in format_report(r)  # (the parts' unit)
+    assert r.eta_hours < 1 / 60  # (a run under a minute: in seconds, `eta.unit`)
+    assert (f"x slowest stage {compute / even:.3f} = {compute * 3600:.2f} s + traffic "
+            f"{r.eta_traffic_hours * 3600:.2f} s (") in format_report(r)
+    assert f"not overlapped with compute) = {r.eta_hours * 3600:.2f} s\n" in format_report(r)  # (the parts' unit)
 
 
 def _play(pp: int, vpp: int, m: int, times: list[float]) -> float:

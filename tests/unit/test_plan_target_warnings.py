@@ -47,7 +47,8 @@ def test_a_gpu_plan_of_a_file_without_half_precision_says_fp32_and_what_bf16_wou
     half = (r["eta_hours"] - traffic) / (989 * 0.4 / (67 * 0.3)) + traffic
     assert traffic > 0 and "neither bf16 nor fp16, so `train` on H100-SXM runs fp32 as planned here" in note
     assert "`bf16: true` (with `fp16_opt_level: O2` for half-precision weights) trains on its 989 TFLOPS" in note
-    assert f"ETA {half:.2f} h at MFU 0.40, {r['eta_hours'] / half:.3g}x sooner" in note
+    assert 1 / 60 < r["eta_hours"] < 1  # (both times in the fp32 one's unit, minutes: `eta.unit`)
+    assert f"ETA {half * 60:.2f} min at MFU 0.40, {r['eta_hours'] / half:.3g}x sooner" in note
     assert "`fp16: true`" in next(n for n in plan(fp32, device="V100-32GB")["notes"] if "neither" in n)  # no bf16
     given = next(n for n in plan(fp32, device="H100", peak_tflops=50.0)["notes"] if "neither" in n)
     assert "set `bf16: true`" in given and "ETA" not in given  # a peak the user gave is not scaled
@@ -65,7 +66,7 @@ def test_the_fp32_note_scales_no_peak_the_user_gave():
     from pretrain_cli.planning.speed import fp32_on_gpu_note
 
     r = SimpleNamespace(eta_hours=10.0, eta_traffic_hours=0.0, mfu=0.3, device=SimpleNamespace(peak_tflops=67.0),
-                        measured_mfu=None)
+                        measured_mfu=None, notes=())
     head = "precision: WARNING: the file sets neither bf16 nor fp16, so `train` on {} runs fp32 as planned here; "
     tail = ("set `{}: true` (with `fp16_opt_level: O2` for half-precision weights) to train on its {} tensor cores, "
             "and plan again")

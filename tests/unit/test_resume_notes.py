@@ -180,8 +180,10 @@ def test_no_eval_iters_that_keeps_the_windows_says_the_curve_is_not_comparable(t
                             _Splits(list(range(100))))
     [note] = [n for n in run.notes if n.startswith("eval: checkpoint-5")]
     assert note == ("eval: checkpoint-5's run evaluated 24 windows; this one evaluates 48 (eval_iters x "
-                    "per_device_eval_batch_size x 4 data ranks), which no eval_iters makes 24: the eval curve is not "
-                    "comparable across the resume (its losses average other windows)"), note
+                    "per_device_eval_batch_size x 4 data ranks), which no eval_iters makes 24; "
+                    "per_device_eval_batch_size 2 does (2 x eval_iters 3 x 4 data ranks = 24, the windows of "
+                    "checkpoint-5's run): set it, or the eval curve is not comparable across the resume (its losses "
+                    "average other windows)"), note
 
 
 def test_a_trained_directory_without_continue_training_says_its_weights_are_not_loaded(tmp_path):

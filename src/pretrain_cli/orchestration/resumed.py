@@ -60,6 +60,24 @@ def _whole_passes(valid, windows: int, per: int) -> bool:
     return getattr(valid, "mode", None) == "padded" and windows > n > 0 and windows % n == 0 and n % per == 0
 
 
+def _eval_batch_lever(windows: int, lp, ranks: int, name: str) -> str:
+    """The clause of the resume's eval note where no eval_iters of this run's per_device_eval_batch_size makes the
+    checkpoint's `windows` on `ranks` data ranks: the eval batch that does, as the note's own arithmetic gives it
+    (windows = batch x eval_iters x ranks), so the user has the key to set, not only the loss of comparability. The
+    batch is at most this run's (a larger one may not fit: `plan`'s eval line), keeping eval_iters where it can;
+    where `windows` does not split over the ranks, no batch makes it either, and the clause says so."""
+    if windows % ranks:
+        return (f"which no eval_iters or per_device_eval_batch_size makes {windows} on {_data_ranks(ranks)} "
+                f"({count(windows, 'window')} do not split over them):")
+    per_rank = windows // ranks
+    fits = [b for b in range(min(lp.eval_batch, per_rank), 0, -1) if per_rank % b == 0]  # (1 always divides)
+    batch = next((b for b in fits if per_rank // b == lp.eval_iters), fits[0])
+    iters = per_rank // batch
+    also = "" if iters == lp.eval_iters else f" with eval_iters {iters}"
+    return (f"which no eval_iters makes {windows}; per_device_eval_batch_size {batch}{also} does ({batch} x "
+            f"eval_iters {iters} x {_data_ranks(ranks)} = {windows}, the windows of {name}'s run): set it, or")
+
+
 def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target, resume, splits=None) -> RunConfig:
     """A resumed run keeps the checkpoint's global batch (and its eval windows) unless the user changed a batch key
     from what they set for the checkpoint's run (`args`: as set; the checkpoint's args.json `user_arguments`): on
@@ -129,8 +147,8 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
         else:
             notes.append(f"eval: {resume.name}'s run evaluated {count(eval_was, 'window')}; this one evaluates "
                          f"{lp.eval_batch * lp.eval_iters * ranks} (eval_iters x per_device_eval_batch_size x "
-                         f"{_data_ranks(ranks)}), which no eval_iters makes {eval_was}: the eval curve is not "
-                         f"comparable across the resume (its losses average other windows)")
+                         f"{_data_ranks(ranks)}), {_eval_batch_lever(eval_was, lp, ranks, resume.name)} the eval "
+                         f"curve is not comparable across the resume (its losses average other windows)")
     new = resolve(args, model_cfg, target) if args.get("gradient_accumulation_steps") != lp.grad_accum or \
         args.get("eval_iters") != lp.eval_iters else run
     return replace(new, notes=(*run.notes, *notes))

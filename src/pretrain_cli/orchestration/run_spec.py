@@ -164,12 +164,15 @@ class RunSpec:
         mtp = int(cfg.num_nextn_predict_layers or 0)  # DeepSeek-V3's multi-token prediction layers, built too
         weight = f"; MTP loss weight {r.moe.mtp_loss_weight:g}{self._mtp_weight_source()}" if mtp else ""
         mtp = f" + {mtp} MTP (multi-token prediction) layer{'s' if mtp > 1 else ''}" if mtp else ""
-        lines.append(f"  model: {cfg.model_type} from {self.model_dir} ({cfg.num_hidden_layers} layers{mtp}, hidden "
+        m = self.args.model
+        lines.append(f"  model: {cfg.model_type} from {_named(self.model_dir, m.model_name_or_path)} "
+                     f"({cfg.num_hidden_layers} layers{mtp}, hidden "
                      f"{cfg.hidden_size}, heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, vocab "
                      f"{cfg.vocab_size}); {start}{weight}")
         if cfg.expert_layers:
             lines.append(f"  {self._experts()}")
-        lines.append(f"  tokenizer: {self.tokenizer_dir or self._no_tokenizer()}")
+        tok = m.tokenizer_name_or_path or m.model_name_or_path  # (a tokenizer found beside the model: its name)
+        lines.append(f"  tokenizer: {_named(self.tokenizer_dir, tok) if self.tokenizer_dir else self._no_tokenizer()}")
         lines.append(f"  device {r.device}, precision {r.precision.amp_dtype or 'float32'}"
                      f"{' ' + r.precision.level if r.precision.enabled else ''}; {r.parallel.describe()}; "
                      f"attention "
@@ -249,3 +252,15 @@ class RunSpec:
             return f"eval once, after the last step (step {lp.max_steps}{'; eval_steps is past it' if past else ''})"
         every = f"eval every {count(lp.eval_steps, 'step')}"
         return every if lp.max_steps % lp.eval_steps == 0 else f"{every} and after the last step ({lp.max_steps})"
+
+
+def _named(path: Path, typed: str | None) -> str:
+    """A model or tokenizer directory as `check` names it: a shipped preset by its name, with the hub name the file
+    gave (`typed`) where that was one ("preset qwen2-0.5b (Qwen/Qwen2-0.5B)"), not the package directory holding it
+    (".../src/pretrain_cli/config/presets/micro-qwen2-moe", a path no one typed); any other directory by its path."""
+    from pretrain_cli.config.presets import ALIASES, is_preset
+
+    if not is_preset(path):
+        return str(path)
+    hub = typed if typed and ALIASES.get(typed.lower()) == path.name else None
+    return f"preset {path.name}" + (f" ({hub})" if hub else "")

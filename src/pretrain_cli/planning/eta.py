@@ -18,6 +18,9 @@ import dataclasses
 TRAFFIC_NAMES = {"tp": "TP collectives", "pp": "pipeline p2p", "zero3": "ZeRO-3 gathers and reduce-scatters",
                  "cp": "CP K/V gathers", "ep": "expert dispatch", "dp": "data-parallel gradients"}
 SMALL_TRAFFIC = 0.005  # a traffic part under this share of the ETA is left out of the line (a CPU try-out's 0.00)
+# `plan.too_small_note`'s head, which `plan --fit` repeats and the fp32 note (`speed.fp32_on_gpu_note`) reads: the
+# ETA is no guide for such a model (here, not in `plan`, which imports `speed`: one place both can read)
+TOO_SMALL = "speed: this model is too small for the FLOPs model"
 
 
 def at_measured_mfu(r, measured: float):
@@ -30,19 +33,27 @@ def at_measured_mfu(r, measured: float):
     return dataclasses.replace(r, eta_hours=hours, eta_traffic_hours=None, eta_traffic={}, measured_mfu=measured)
 
 
-def _hours(h: float, minutes: bool) -> str:
-    return f"{h * 60:.2f} min" if minutes else f"{h:.2f} h"
+def unit(hours: float) -> str:
+    """The unit a time of `hours` reads in: seconds under a minute (a tiny model's 200 steps on an H100 read
+    "0.00 min", "0.00 h" in the fp32 note), minutes under an hour, else hours."""
+    return "s" if hours < 1 / 60 else "min" if hours < 1 else "h"
 
 
-def _traffic(r, minutes: bool) -> str:
+def duration(hours: float, in_unit: str | None = None) -> str:
+    """`hours` in `in_unit` (`unit`'s; by default its own), so the parts of one sum are in the sum's."""
+    u = in_unit or unit(hours)
+    return f"{hours * 3600:.2f} s" if u == "s" else f"{hours * 60:.2f} min" if u == "min" else f"{hours:.2f} h"
+
+
+def _traffic(r, u: str) -> str:
     """What the traffic part is: its largest term over its link (an assumed cross-node figure said so), and the
     overlap the speed model assumes: none but DataParallel's gradients with the last backward."""
     t = r.eta_traffic
     link = t["link"] + (", an assumed figure: --cross_node_gbps" if t["link_assumed"] else "")
     name = TRAFFIC_NAMES[t["largest"]]
-    most = f"{name} {_hours(t['largest_hours'], minutes)} over {link}" if t["terms"] > 1 else f"{name} over {link}"
+    most = f"{name} {duration(t['largest_hours'], u)} over {link}" if t["terms"] > 1 else f"{name} over {link}"
     hidden = t["overlapped_hours"]
-    hidden = (f", but for the {_hours(hidden, minutes)} of data-parallel gradients the last micro-batch's backward "
+    hidden = (f", but for the {duration(hidden, u)} of data-parallel gradients the last micro-batch's backward "
               f"hides (DataParallel's reducer)" if hidden else "")
     return f"{most}; not overlapped with compute{hidden}"
 
@@ -62,19 +73,19 @@ def eta_lines(r, cpu_note: str = "") -> list[str]:
     plus the time the step's traffic takes over its links: `speed.speed`'s step, the one `plan --fit`'s time line
     gives the same layout; then that time as the mfu `train` would log (`Plan.logged_mfu`). At `--measured_mfu`
     (`at_measured_mfu`) the model FLOPs at it alone. No time for a layout that does not fit device memory: it
-    cannot start, as --fit says of such a file. Every part is in minutes when the total is under an hour, else in
-    hours."""
+    cannot start, as --fit says of such a file. Every part is in the total's unit (`unit`): seconds under a minute,
+    minutes under an hour, else hours."""
     d, par, f = r.device, r.parallel, r.flops_per_token
     if not r.fits:
         return [_no_time(r)]
     if r.eta_hours is None:
         return ["ETA: unknown: no peak for this device and precision; pass --peak_tflops N (dense TFLOPS per "
                 "device) or set peak_tflops in the argument file"]
-    minutes = r.eta_hours < 1  # (a try-out's)
+    u = unit(r.eta_hours)  # (a try-out's in minutes, a tiny model's on a GPU in seconds)
     days = f" ({r.eta_hours / 24:.1f} days)" if r.eta_hours >= 48 else ""  # a long run's, readable
     if r.measured_mfu is not None:
         return [f"ETA: {r.total_tokens * f.model:.3g} model FLOPs / ({r.gpus} x {d.peak_tflops:g} TFLOPS x measured "
-                f"mfu {r.measured_mfu:.3g}) = {_hours(r.eta_hours, minutes)}{days}: train's logged mfu holds the "
+                f"mfu {r.measured_mfu:.3g}) = {duration(r.eta_hours, u)}{days}: train's logged mfu holds the "
                 f"traffic, bubble and recompute, so nothing is added",
                 f"  the speed model predicts mfu {r.logged_mfu:.3f} as train logs it (MFU {r.mfu:.2f} of the "
                 f"kernels, --mfu, + traffic)"]
@@ -88,8 +99,8 @@ def eta_lines(r, cpu_note: str = "") -> list[str]:
     text = (f"ETA: {flops:.3g} FLOPs{' with recompute' if r.recompute else ''} / ({r.gpus} x {d.peak_tflops:g} "
             f"TFLOPS x MFU {r.mfu:.2f}, the kernels' share of peak: --mfu){bubble}")
     if traffic > SMALL_TRAFFIC * r.eta_hours:
-        text += f" = {_hours(compute, minutes)} + traffic {_hours(traffic, minutes)} ({_traffic(r, minutes)})"
-    text += f" = {_hours(r.eta_hours, minutes)}{days}" + cpu_note
+        text += f" = {duration(compute, u)} + traffic {duration(traffic, u)} ({_traffic(r, u)})"
+    text += f" = {duration(r.eta_hours, u)}{days}" + cpu_note
     return [text, f"  mfu as train logs it: {r.logged_mfu:.3f} predicted (model FLOPs over this time: traffic, "
                   f"bubble and recompute inside it); train's logged mfu for this layout, as --measured_mfu, gives "
                   f"the ETA at it"]

@@ -15,6 +15,7 @@ from pretrain_cli.models.flops import _cached
 from pretrain_cli.models.stages import stage_layers
 from pretrain_cli.planning import device_names, hardware, layout
 from pretrain_cli.planning.activations import head_loss_bytes
+from pretrain_cli.planning.eta import TOO_SMALL
 from pretrain_cli.planning.eval_memory import eval_parts
 from pretrain_cli.planning.experts import capacity_plan, kept_share
 from pretrain_cli.planning.memory import GIB, Setup, checkpoint_bytes, estimate, pipeline_stages, startup_parts
@@ -137,7 +138,6 @@ def peak(run: RunConfig, device: Device, peak_tflops: float | None = None) -> tu
 # SMALL_HIDDEN run far below the peak (too little work per tile to fill a GPU; on 2 Xeon cores
 # configs/tiny_cpu.json, 64 wide, logged mfu 0.012 against the 0.30 assumed: 5,400 tokens/s, not 135,000).
 KERNELS_PER_LAYER, LAUNCH_SECONDS, SMALL_HIDDEN = 60, 10e-6, 512
-TOO_SMALL = "speed: this model is too small for the FLOPs model"  # `too_small_note`'s, which `plan --fit` repeats
 
 
 def too_small_note(cfg, flops_per_micro_step: float, flops_per_second: float) -> list[str]:

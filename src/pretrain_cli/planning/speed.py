@@ -247,7 +247,12 @@ def fp32_on_gpu_note(entry, r: Plan, mfu: float | None, peak_given: bool, mfu_ha
     plan stays fp32, but its speed is the non-tensor-core peak's; the line gives the half-precision key and its peak
     and ETA (the same FLOPs at that peak and, without --mfu, MFU `mfu_half`, and the same traffic time). Without bf16
     (pre-Ampere) the key is fp16. A peak the user gave (`peak_given`), or an ETA at --measured_mfu (fp32's, which
-    says nothing of the half run's), is not scaled: the key alone."""
+    says nothing of the half run's), is not scaled: the key alone. Where the plan's notes say the FLOPs model does
+    not hold for the model (`plan.too_small_note`: the tiny MoE on an H100 was "ETA 0.00 h ... 19.7x sooner" beside
+    it), neither time nor their ratio is given: a launch-bound step is not sped up by the peak. Both times read in
+    the fp32 one's `eta.unit`."""
+    from pretrain_cli.planning.eta import TOO_SMALL, duration, unit
+
     fp16 = hardware.no_bf16(entry.name, entry.capability) is not None
     key, kind = ("fp16: true", "fp16") if fp16 else ("bf16: true", "bf16")
     half = hardware.peak_tflops(entry, "float16" if fp16 else "bfloat16")
@@ -256,10 +261,15 @@ def fp32_on_gpu_note(entry, r: Plan, mfu: float | None, peak_given: bool, mfu_ha
     if peak_given or half is None or r.eta_hours is None or not r.device.peak_tflops or r.measured_mfu is not None:
         return [f"{head}; set `{key}` (with `fp16_opt_level: O2` for half-precision weights) to train on its "
                 f"{kind} tensor cores, and plan again"]
+    cores = f"`{key}` (with `fp16_opt_level: O2` for half-precision weights) trains on its {half:g} TFLOPS {kind} " \
+        f"tensor cores"
+    if any(n.startswith(TOO_SMALL) for n in r.notes):
+        return [f"{head} ({r.device.peak_tflops:g} TFLOPS non-tensor-core); {cores}; how much sooner is not said: "
+                f"the speed model does not hold for this model (the speed note): time a few steps of each"]
     half_mfu = mfu if mfu is not None else mfu_half
     traffic = r.eta_traffic_hours or 0.0  # (the fp32 run's traffic, unscaled: the half run's sends no more)
     eta = (r.eta_hours - traffic) / (half * half_mfu / (r.device.peak_tflops * r.mfu)) + traffic
-    return [f"{head} ({r.device.peak_tflops:g} TFLOPS non-tensor-core, ETA {r.eta_hours:.2f} h); `{key}` (with "
-            f"`fp16_opt_level: O2` for half-precision weights) trains on its {half:g} TFLOPS {kind} tensor cores: "
-            f"ETA {eta:.2f} h at MFU {half_mfu:.2f}, {r.eta_hours / eta:.3g}x sooner (plan it with "
+    u = unit(r.eta_hours)  # (both in the fp32 time's unit, as the ETA line's parts are in its total's)
+    return [f"{head} ({r.device.peak_tflops:g} TFLOPS non-tensor-core, ETA {duration(r.eta_hours, u)}); {cores}: "
+            f"ETA {duration(eta, u)} at MFU {half_mfu:.2f}, {r.eta_hours / eta:.3g}x sooner (plan it with "
             f"--{key.replace(': ', ' ')} for its memory and time)"]
