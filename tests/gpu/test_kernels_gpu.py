@@ -6,7 +6,7 @@ from pretrain_cli import runtime
 
 paddle = runtime.import_paddle()
 
-from pretrain_cli.ops import kernels  # noqa: E402
+from pretrain_cli.ops import gpu_attention, kernels  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not paddle.is_compiled_with_cuda():  # pragma: no cover - a collection error, not a silent skip
@@ -19,14 +19,14 @@ def _rand(*shape, dtype="float32"):
 
 def test_select_on_gpu_uses_fused():
     k = kernels.select(kernels.KernelConfig(attention="flash", rms_norm="fused", rope="fused", swiglu="fused"), "gpu")
-    assert k.rms_norm is kernels.rms_norm_fused and k.attention is kernels.attention_sdpa_causal
-    assert k.attention_document is kernels.attention_flashmask
+    assert k.rms_norm is kernels.rms_norm_fused and k.attention is gpu_attention.attention_sdpa_causal
+    assert k.attention_document is gpu_attention.attention_flashmask
 
 
 @pytest.mark.parametrize("dtype,atol", [("float16", 2e-3), ("bfloat16", 2e-2)])
 def test_flash_attention_vs_math(dtype, atol):
     q, k, v = _rand(2, 128, 8, 64, dtype=dtype), _rand(2, 128, 2, 64, dtype=dtype), _rand(2, 128, 2, 64, dtype=dtype)
-    got = kernels.attention_sdpa_causal(q, k, v).astype("float32").numpy()
+    got = gpu_attention.attention_sdpa_causal(q, k, v).astype("float32").numpy()
     ref = kernels.attention_math(q.astype("float32"), k.astype("float32"), v.astype("float32")).numpy()
     np.testing.assert_allclose(got, ref, atol=atol)
 
@@ -39,7 +39,7 @@ def test_flashmask_document_attention_vs_math(dtype, atol):
             starts[b, c:] = c
     doc_start = paddle.to_tensor(starts)
     q, k, v = _rand(2, 128, 8, 64, dtype=dtype), _rand(2, 128, 2, 64, dtype=dtype), _rand(2, 128, 2, 64, dtype=dtype)
-    got = kernels.attention_flashmask(q, k, v, doc_start).astype("float32").numpy()
+    got = gpu_attention.attention_flashmask(q, k, v, doc_start).astype("float32").numpy()
     ref = kernels.attention_math(q.astype("float32"), k.astype("float32"), v.astype("float32"), doc_start).numpy()
     np.testing.assert_allclose(got, ref, atol=atol)
 

@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 from gpu_references import _t, ref_flashmask, ref_fused_rms_norm, ref_fused_rope, ref_sdpa, ref_swiglu  # noqa: E402
 from pretrain_cli.data.samples import document_fields  # noqa: E402
-from pretrain_cli.ops import cpu_ops, kernels, linear_loss  # noqa: E402
+from pretrain_cli.ops import cpu_ops, gpu_attention, kernels, linear_loss  # noqa: E402
 from pretrain_cli.ops.loss import IGNORE_INDEX  # noqa: E402
 from parity_helpers import hf_loss_backward, load  # noqa: E402
 from test_hf_document_parity import DOCS, SEQ, _hf, _pieces  # noqa: E402
@@ -82,7 +82,7 @@ def gpu_branch(monkeypatch):
         "flash", "fused", "fused", "fused", True) and llama.device == "gpu"
     selected = kernels.select(request, llama.device)
     assert (selected.attention, selected.attention_document, selected.rms_norm, selected.rope, selected.swiglu,
-            selected.linear_cross_entropy) == (kernels.attention_sdpa_causal, kernels.attention_flashmask,
+            selected.linear_cross_entropy) == (gpu_attention.attention_sdpa_causal, gpu_attention.attention_flashmask,
                                                kernels.rms_norm_fused, kernels.rope_fused, kernels.swiglu_fused,
                                                linear_loss.linear_cross_entropy_chunked)
     return selected, calls
@@ -101,10 +101,10 @@ def test_gpu_branch_ops_equal_the_reference_paths(gpu_branch):
     for p in (None, pos):
         for a, b in zip(kernels.rope_fused(q, k, cos, sin, p), kernels.rope_reference(q, k, cos, sin, p)):
             np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
-    np.testing.assert_allclose(kernels.attention_sdpa_causal(q, k, v).numpy(),
+    np.testing.assert_allclose(gpu_attention.attention_sdpa_causal(q, k, v).numpy(),
                                kernels.attention_math(q, k, v).numpy(), atol=1e-5)
     doc_start = paddle.to_tensor(np.array([[0, 0, 0, 3, 3, 3, 3, 7, 7], [0] * 9], np.int64))
-    np.testing.assert_allclose(kernels.attention_flashmask(q, k, v, doc_start).numpy(),
+    np.testing.assert_allclose(gpu_attention.attention_flashmask(q, k, v, doc_start).numpy(),
                                kernels.attention_math(q, k, v, doc_start).numpy(), atol=1e-5)
     g, u = _t(rng.standard_normal((3, 8))), _t(rng.standard_normal((3, 8)))
     np.testing.assert_allclose(kernels.swiglu_fused(g, u).numpy(), kernels.swiglu_reference(g, u).numpy(), atol=1e-6)
@@ -122,7 +122,7 @@ def test_a_wrong_tuple_index_or_layout_in_the_branch_is_caught(gpu_branch):
     neox = IF.fused_rotary_position_embedding(q, k, None, sin=sin.reshape([1, 5, 1, 8]), cos=cos.reshape([1, 5, 1, 8]),
                                               use_neox_rotary_style=True)[0]
     assert not np.allclose(neox.numpy(), kernels.rope_reference(q, k, cos, sin)[0].numpy(), atol=0.1)
-    transposed = kernels.attention_sdpa_causal(q.transpose([0, 2, 1, 3]), k.transpose([0, 2, 1, 3]),
+    transposed = gpu_attention.attention_sdpa_causal(q.transpose([0, 2, 1, 3]), k.transpose([0, 2, 1, 3]),
                                                k.transpose([0, 2, 1, 3])).transpose([0, 2, 1, 3])
     assert not np.allclose(transposed.numpy(), kernels.attention_math(q, k, k).numpy(), atol=0.1)
     doc_start = paddle.to_tensor(np.array([[0, 0, 2, 2, 2]], np.int64))

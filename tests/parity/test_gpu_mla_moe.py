@@ -10,8 +10,8 @@ q, k, v of one head width, a multiple of 8 up to 256), sdpa recording the backen
 A head width flash-attn refuses (the parity micro MLA's 12: qk 8 + 4, v 6) stopped a document-masked GPU run in
 `flashmask_attention`, and a width above 192 stopped the first backward on a GPU other than compute capability
 8.0 / 9.0 (`CHECK_BWD_EXECTUABLE`), where Paddle's sdpa picks flash-attn all the same: both failed here on the code
-before `ops.kernels.flash_refuses`. A forward alone (eval, generate, the context-parallel ring) runs flash-attn there,
-and over 256 the causal path runs sdpa's memory-efficient kernel (`ops.flash_width.path`).
+before `ops.gpu_attention.flash_refuses`. A forward alone (eval, generate, the context-parallel ring) runs flash-attn
+there, and over 256 the causal path runs sdpa's memory-efficient kernel (`ops.flash_width.path`).
 """
 import dataclasses
 import functools
@@ -34,7 +34,7 @@ from pretrain_cli.config.presets import PRESET_DIR  # noqa: E402
 from pretrain_cli.data.samples import document_fields  # noqa: E402
 from pretrain_cli.models import build_model  # noqa: E402
 from pretrain_cli.models.config import ModelConfig  # noqa: E402
-from pretrain_cli.ops import cpu_ops, flash_width, kernels  # noqa: E402
+from pretrain_cli.ops import cpu_ops, flash_width, gpu_attention, kernels  # noqa: E402
 from pretrain_cli.run_config import KernelConfig, MoeConfig  # noqa: E402
 
 SEQ = 16
@@ -81,11 +81,11 @@ def gpu(monkeypatch):
     gemm = emu.gpu_experts(monkeypatch)  # batched_gemm: the grouped GEMM's contract, no backward of its own
     monkeypatch.setattr(kernels, "_gpu_available", lambda device: str(device).startswith("gpu"))
     monkeypatch.setattr(cpu_ops, "load", lambda: None)
-    monkeypatch.setattr(kernels, "_REFUSED", set(), raising=False)
+    monkeypatch.setattr(gpu_attention, "_REFUSED", set())
     request = KernelConfig(attention="flash", rms_norm="fused", rope="fused", swiglu="fused", cpu_ops=False,
                            fused_loss=False)
     selected = kernels.select(request, "gpu")
-    assert selected.attention is kernels.attention_sdpa_causal and selected.grouped_mlp_name == "batched_gemm"
+    assert selected.attention is gpu_attention.attention_sdpa_causal and selected.grouped_mlp_name == "batched_gemm"
     yield selected, calls, sdpa_backends, gemm
 
 
@@ -155,7 +155,7 @@ def _gpu_attention_calls(monkeypatch, capability, width, backward):
     """(the three GPU attention paths' outputs against the reference, the GPU-only calls they made, the warnings)
     at head `width` on a GPU of `capability`; `backward`: q, k, v need gradients (else a forward alone)."""
     monkeypatch.setattr(runtime, "gpu_capability", lambda: capability)
-    monkeypatch.setattr(kernels, "_REFUSED", set(), raising=False)
+    monkeypatch.setattr(gpu_attention, "_REFUSED", set())
     called = Counter()
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: called.update(["sdpa"])
                         or ref_sdpa(*a, **kw))
@@ -163,17 +163,17 @@ def _gpu_attention_calls(monkeypatch, capability, width, backward):
                         or ref_flashmask(*a, half_only=False, **kw))
     monkeypatch.setattr(paddle._C_ops, "flash_attn", lambda *a: called.update(["flash_attn"])
                         or emu.ref_flash_attn(*a), raising=False)
-    monkeypatch.setattr(kernels, "block_forward", lambda *a: called.update(["block"]) or (None, None))
+    monkeypatch.setattr(gpu_attention, "block_forward", lambda *a: called.update(["block"]) or (None, None))
     rng = np.random.default_rng(0)
     q, k, v = (paddle.to_tensor(rng.standard_normal((1, 8, 2, width)).astype("float32"), stop_gradient=not backward)
                for _ in range(3))
     doc_start = paddle.to_tensor(np.array([[0, 0, 0, 3, 3, 3, 3, 7]], np.int64))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        causal = kernels.attention_sdpa_causal(q, k, v)
-        document = kernels.attention_flashmask(q, k, v, doc_start)
+        causal = gpu_attention.attention_sdpa_causal(q, k, v)
+        document = gpu_attention.attention_flashmask(q, k, v, doc_start)
         heads = [t.transpose([0, 2, 1, 3]).reshape([1, 2, 1, 8, width]).astype("bfloat16") for t in (q, k, v)]
-        kernels.block_forward_flash(*heads, None, True)
+        gpu_attention.block_forward_flash(*heads, None, True)
     np.testing.assert_allclose(causal.numpy(), kernels.attention_math(q, k, v).numpy(), atol=1e-5)
     np.testing.assert_allclose(document.numpy(), kernels.attention_math(q, k, v, doc_start).numpy(), atol=1e-5)
     return called, [str(w.message) for w in caught if "flash-attn" in str(w.message)]
@@ -185,7 +185,7 @@ def test_a_head_width_above_192_takes_flash_attention_only_where_its_backward_ru
     """Width 200 (an MLA of qk 136 + 64): flash-attn's backward refuses it off compute capability 8.0 / 9.0
     (`CHECK_BWD_EXECTUABLE`), which Paddle's sdpa does not check (its hardware rule is SM 8.0-12.1): the causal, the
     document-masked and the context-parallel block paths take their materialised forms there, decided in
-    `ops.kernels`, with one warning naming the keys and the fix. Capability unknown (no GPU build): flash."""
+    `ops.gpu_attention`, with one warning naming the keys and the fix. Capability unknown (no GPU build): flash."""
     called, said = _gpu_attention_calls(monkeypatch, capability, 200, backward=True)
     if flash:
         assert called == Counter(sdpa=1, flashmask=1, flash_attn=1) and not said
@@ -218,11 +218,11 @@ def test_over_256_the_causal_path_runs_sdpas_memory_efficient_kernel_unwarned(mo
     block, which flash-attn's forward refuses, materialise, said once."""
     q = paddle.zeros([1, 8, 2, 264]).astype("bfloat16")
     assert emu.sdpa_backend(q, q, q, None, True) == "mem_efficient"
-    monkeypatch.setattr(kernels, "_REFUSED", set(), raising=False)
+    monkeypatch.setattr(gpu_attention, "_REFUSED", set())
     monkeypatch.setattr(F, "scaled_dot_product_attention", ref_sdpa)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        kernels.attention_sdpa_causal(q, q, q)
+        gpu_attention.attention_sdpa_causal(q, q, q)
     assert not [w for w in caught if "flash-attn" in str(w.message)]  # the causal path alone
     called, said = _gpu_attention_calls(monkeypatch, (9, 0), 264, backward=True)
     assert called == Counter(sdpa=1, block=1)
@@ -233,13 +233,14 @@ def test_over_256_the_causal_path_runs_sdpas_memory_efficient_kernel_unwarned(mo
 def test_flash_attentions_head_width_rule():
     """`flash_refuses` and `flash_width.path`, the one rule of the three GPU attention paths (flash_attn.cu's two
     checks, sdpa.py's choice of kernel) and of `config.compute.flash_width`."""
-    assert kernels.flash_refuses(192, (8, 6)) is None  # DeepSeek-V2/V3's MLA width, on every Ampere-or-later GPU
-    assert kernels.flash_refuses(128, (7, 5)) is None  # (pre-Ampere GPUs never ask: `config.resolve` runs math)
-    assert kernels.flash_refuses(256, (8, 0)) is None and kernels.flash_refuses(256, (9, 0)) is None
-    assert kernels.flash_refuses(256, (8, 9)).startswith("head_dim 256 on compute capability 8.9")
-    assert kernels.flash_refuses(256, (8, 9), backward=False) is None  # its forward runs on every SM 8.x
+    assert gpu_attention.flash_refuses(192, (8, 6)) is None  # DeepSeek-V2/V3's MLA width, on every Ampere-or-later GPU
+    assert gpu_attention.flash_refuses(128, (7, 5)) is None  # (pre-Ampere GPUs never ask: `config.resolve` runs math)
+    assert gpu_attention.flash_refuses(256, (8, 0)) is None and gpu_attention.flash_refuses(256, (9, 0)) is None
+    assert gpu_attention.flash_refuses(256, (8, 9)).startswith("head_dim 256 on compute capability 8.9")
+    assert gpu_attention.flash_refuses(256, (8, 9), backward=False) is None  # its forward runs on every SM 8.x
     for width in (12, 20, 264):
-        assert kernels.flash_refuses(width, (9, 0)) == f"head_dim {width} (flash-attn takes multiples of 8 up to 256)"
+        assert gpu_attention.flash_refuses(width, (9, 0)) == \
+            f"head_dim {width} (flash-attn takes multiples of 8 up to 256)"
     paths = {(w, cap, sdpa, backward): flash_width.path(w, cap, sdpa, backward)
              for w in (12, 200, 260, 264) for cap in ((8, 6), (9, 0)) for sdpa in (True, False)
              for backward in (True, False)}

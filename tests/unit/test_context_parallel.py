@@ -90,13 +90,13 @@ def test_half_precision_blocks_score_in_fp32_as_flash_attention_does():
 def test_ring_attention_runs_flash_blocks_only_where_the_run_chose_flash(monkeypatch):
     """A GPU before Ampere (or an fp32 run) resolves `attention: math`; the flash-attn kernel refuses to run there,
     so the context-parallel blocks take the materialised path too."""
-    from pretrain_cli.ops import kernels
+    from pretrain_cli.ops import gpu_attention, kernels
     from pretrain_cli.run_config import KernelConfig
 
     monkeypatch.setattr(kernels, "_gpu_available", lambda device: True)
     flash = kernels.select(KernelConfig(attention="flash", rms_norm="reference", rope="reference"), "gpu")
     math_ = kernels.select(KernelConfig(attention="math", rms_norm="reference", rope="reference"), "gpu")
-    assert (flash.attention_block_name, flash.attention_block) == ("flash", kernels.block_forward_flash)
+    assert (flash.attention_block_name, flash.attention_block) == ("flash", gpu_attention.block_forward_flash)
     assert (math_.attention_block_name, math_.attention_block) == ("reference", kernels.block_forward)
 
 
@@ -285,13 +285,13 @@ def test_the_cp_axis_of_the_topology_holds_neighbours_that_read_one_batch():
 
 
 def test_the_gpu_block_kernel_is_flash_attentions_output_and_log_sum_exp(monkeypatch):
-    """`kernels.block_forward_flash` (GPU only) against `block_forward`, with flash attention's op emulated in its
-    place (tests/gpu_emulation.py: top-left causal alignment, fp16/bf16 only): full and causal blocks, a row tile's
+    """`gpu_attention.block_forward_flash` (GPU only) against `block_forward`, with flash attention's op emulated in
+    its place (tests/gpu_emulation.py: top-left causal alignment, fp16/bf16 only): full and causal blocks, a row tile's
     two pieces (the keys before it, full; its square diagonal, causal), bf16 in, fp32 lse out; a non-square causal
     block is refused, since the kernel would align it top-left."""
     import paddle
 
-    from pretrain_cli.ops import kernels
+    from pretrain_cli.ops import gpu_attention
     from pretrain_cli.ops.block_attention import block_forward
 
     calls = []
@@ -304,7 +304,7 @@ def test_the_gpu_block_kernel_is_flash_attentions_output_and_log_sum_exp(monkeyp
     for (r0, r1), (k0, k1), visible, causal in (((0, 12), (0, 12), None, False), ((0, 12), (0, 12), tri, True),
                                                 ((4, 9), (0, 4), None, False), ((4, 9), (4, 9), tri[..., 4:9, 4:9], True)):
         qs, ks, vs = qh[:, :, :, r0:r1], kh[:, :, :, k0:k1], vh[:, :, :, k0:k1]
-        got_out, got_lse = kernels.block_forward_flash(qs, ks, vs, visible, causal)
+        got_out, got_lse = gpu_attention.block_forward_flash(qs, ks, vs, visible, causal)
         want_out, want_lse = block_forward(qs.astype("float32"), ks.astype("float32"), vs.astype("float32"), visible,
                                            causal)
         assert got_out.dtype == paddle.bfloat16 and got_lse.dtype == paddle.float32 and got_lse.shape == want_lse.shape
@@ -312,7 +312,7 @@ def test_the_gpu_block_kernel_is_flash_attentions_output_and_log_sum_exp(monkeyp
         assert float((got_lse - want_lse).abs().max()) < 3e-2
     assert calls == [False, True, False, True]  # flash attention ran each block (causal where it is the diagonal)
     with pytest.raises(ValueError, match="must be square"):
-        kernels.block_forward_flash(qh[:, :, :, 4:9], kh[:, :, :, :9], vh[:, :, :, :9], tri[..., 4:9, :9], True)
+        gpu_attention.block_forward_flash(qh[:, :, :, 4:9], kh[:, :, :, :9], vh[:, :, :, :9], tri[..., 4:9, :9], True)
 
 
 def test_plan_ring_traffic_is_one_ranks_block_per_neighbour_exchange():

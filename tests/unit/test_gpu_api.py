@@ -55,7 +55,7 @@ GPU_PATH = {
     "paddle.device.cuda.max_memory_allocated": (),
     "paddle.device.cuda.get_device_capability": (),  # bf16 and flash attention by compute capability (issue #60)
     "paddle.incubate.nn.functional.batched_gemm": (),  # the MoE experts (ops/grouped.grouped_mlp_gpu)
-    "paddle._C_ops.flash_attn": (),  # context parallelism's blocks (ops/kernels.block_forward_flash)
+    "paddle._C_ops.flash_attn": (),  # context parallelism's blocks (ops/gpu_attention.block_forward_flash)
 }
 
 

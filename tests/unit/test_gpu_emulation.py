@@ -49,13 +49,13 @@ def test_context_parallel_tiles_on_flash_blocks_equal_causal_attention(monkeypat
     """Ring attention's diagonal tiles through flash attention (bf16) equal one causal attention over the sequence:
     each query tile must see its own keys, not a bottom-right-aligned slice."""
     from pretrain_cli.distributed.steps.context import context_attention
-    from pretrain_cli.ops import kernels
+    from pretrain_cli.ops import gpu_attention
     from pretrain_cli.ops.attention import attention_math
 
     monkeypatch.setattr(paddle._C_ops, "flash_attn", emu.ref_flash_attn, raising=False)
     q, k, v = _qkv(s=16)
     qb, kb, vb = (t.astype("bfloat16") for t in (q, k, v))
-    causal, _ = context_attention(_OneRank(), 1, 0, kernels.block_forward_flash, tile=tile)
+    causal, _ = context_attention(_OneRank(), 1, 0, gpu_attention.block_forward_flash, tile=tile)
     got = causal(qb, kb, vb)
     want = attention_math(*(t.astype("float32") for t in (qb, kb, vb)))
     assert got.dtype == paddle.bfloat16
@@ -142,7 +142,7 @@ def _ref_flashmask(query, key, value, startend_row_indices=None, *, causal=False
 def _qwen3_attention(monkeypatch, level="O1"):
     from pretrain_cli.models.config import ModelConfig
     from pretrain_cli.models.layers import Attention
-    from pretrain_cli.ops import kernels
+    from pretrain_cli.ops import gpu_attention, kernels
 
     monkeypatch.setattr(F, "linear", _ref_linear)
     monkeypatch.setattr(IF, "fused_rms_norm", _ref_fused_rms_norm)
@@ -151,8 +151,9 @@ def _qwen3_attention(monkeypatch, level="O1"):
     monkeypatch.setattr(emu.Amp, "level", level)
     BACKENDS.clear()
     cfg = ModelConfig(model_type="qwen3", hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    ks = kernels.Kernels(attention=kernels.attention_sdpa_causal, attention_document=kernels.attention_flashmask,
-                         rms_norm=kernels.rms_norm_fused, rope=kernels.rope_reference)
+    ks = kernels.Kernels(attention=gpu_attention.attention_sdpa_causal,
+                         attention_document=gpu_attention.attention_flashmask, rms_norm=kernels.rms_norm_fused,
+                         rope=kernels.rope_reference)
     paddle.seed(0)
     layer = Attention(cfg, ks, qkv_bias=False, o_bias=False, qk_norm=True)
     x = paddle.randn([1, 8, 32])
@@ -180,7 +181,7 @@ def test_qwen3_under_o1_packed_documents_reach_flashmask_in_half(monkeypatch):
 
 def test_qwen3_under_o1_ring_attention_blocks_run_flash_attention(monkeypatch):
     """Context parallelism's blocks: flash attention only for one half dtype (else the materialising block)."""
-    from pretrain_cli.ops import kernels
+    from pretrain_cli.ops import gpu_attention
 
     calls = []
     monkeypatch.setattr(paddle._C_ops, "flash_attn", lambda *a: calls.append(a[0].dtype) or emu.ref_flash_attn(*a),
@@ -188,7 +189,7 @@ def test_qwen3_under_o1_ring_attention_blocks_run_flash_attention(monkeypatch):
     q, k, v = _qkv(s=8)
     heads = functools.partial(lambda x, n: x.transpose([0, 2, 1, 3]).reshape([1, 2, n, 8, 8]))
     qh, kh, vh = heads(q, 2), heads(k, 1), heads(v, 1).astype("bfloat16")  # q/k fp32 (O1's norms), v half
-    out, lse = kernels.block_forward_flash(qh, kh, vh, None, False)
+    out, lse = gpu_attention.block_forward_flash(qh, kh, vh, None, False)
     assert calls == [paddle.bfloat16] and out.dtype == paddle.bfloat16 and lse.dtype == paddle.float32
 
 

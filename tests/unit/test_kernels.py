@@ -9,7 +9,7 @@ from pretrain_cli import runtime
 
 paddle = runtime.import_paddle()
 
-from pretrain_cli.ops import kernels  # noqa: E402
+from pretrain_cli.ops import gpu_attention, kernels  # noqa: E402
 from pretrain_cli.ops.attention import repeat_kv  # noqa: E402
 
 
@@ -38,7 +38,8 @@ def qkv():
     return q, k, v
 
 
-@pytest.mark.parametrize("fn", [kernels.attention_math, kernels.attention_sdpa_mask, kernels.attention_sdpa_causal])
+@pytest.mark.parametrize("fn", [kernels.attention_math, kernels.attention_sdpa_mask,
+                                gpu_attention.attention_sdpa_causal])
 def test_attention_paths_match_numpy_gqa(fn, qkv):
     q, k, v = qkv
     out = fn(*(paddle.to_tensor(x) for x in qkv)).numpy()

@@ -1,6 +1,6 @@
 """`plan` and the resolved run know where flash attention will not run on the GPU: flash-attn refuses a head width
 not a multiple of 8 up to 256 on every GPU, and one above 192 off compute capability 8.0 / 9.0 (its backward:
-`ops.flash_width`), where the attention paths materialise the scores at run time (`ops.kernels.flash_refuses`).
+`ops.flash_width`), where the attention paths materialise the scores at run time (`ops.gpu_attention.flash_refuses`).
 The plan counted flash's memory there all the same and its `kernels:` words named flash-attn; now `config.resolve`
 turns such a run to the materialised path with one line, for the GPU planned (the table's compute capability:
 `planning.hardware.CAPABILITY`) or the one `train` runs on (the driver's). The width is MLA's padded one,

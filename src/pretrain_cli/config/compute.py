@@ -100,10 +100,10 @@ def resolve_kernels(args: Arguments, target: Target, precision: Precision, notes
 def flash_width(kernels: KernelConfig, model_cfg, target: Target, cp: int, mask: str, notes: list,
                 backward: bool = True) -> KernelConfig:
     """What flash attention asked for on a GPU computes at the model's `head_width` (MLA's padded max(qk_head_dim,
-    v_head_dim)) there, by `ops.flash_width.path`, the rule `ops.kernels` runs by (the driver's compute capability
-    under `train`, the table's for `plan`'s device), with one note where it is not flash-attn. Where the scores
-    materialise the run resolves to the math path, so `plan` counts the `[b, heads, s, s]` scores (flash and math
-    count the same FLOPs: its speed) and the `kernels:` line names them. Where Paddle's sdpa runs its
+    v_head_dim)) there, by `ops.flash_width.path`, the rule `ops.gpu_attention` runs by (the driver's compute
+    capability under `train`, the table's for `plan`'s device), with one note where it is not flash-attn. Where the
+    scores materialise the run resolves to the math path, so `plan` counts the `[b, heads, s, s]` scores (flash and
+    math count the same FLOPs: its speed) and the `kernels:` line names them. Where Paddle's sdpa runs its
     memory-efficient kernel instead (a causal mask without context parallelism at a width over 256 that is a
     multiple of 8: sdpa.py 3.3.1 `check_head_dim_size_mem_efficient`), which holds no scores either, flash's memory
     is kept. `backward` False (`eval`, `generate`: a forward alone) and context parallelism (its ring's backward is

@@ -1,5 +1,6 @@
 """flash-attn's head-width rule, pure (no Paddle, no device probe), so `config.compute` judges `plan`'s GPU by it
-and `ops.kernels` this process's GPU: one definition of what a GPU run's memory-light attention computes at a width.
+and `ops.gpu_attention` this process's GPU: one definition of what a GPU run's memory-light attention computes at a
+width.
 
 The library Paddle's flash_attn and flashmask_attention kernels call (PaddlePaddle/flash-attention
 csrc/flash_attn/flash_attn.cu): CHECK_FWD_EXECTUABLE asserts head_size % 8 == 0 and <= 256 (and sm8x or sm90),
@@ -35,7 +36,7 @@ def refusal(head_dim: int, capability: tuple[int, int] | None, backward: bool = 
 def path(head_dim: int, capability: tuple[int, int] | None, sdpa: bool, backward: bool = True) -> str:
     """What a GPU run that asks for flash attention (fp16/bf16) computes at `head_dim` (one of `PATHS`): flash-attn
     where `refusal` lets it; else, on the causal path through Paddle's sdpa (`sdpa`: a causal mask without context
-    parallelism, `kernels.attention_sdpa_causal`), sdpa's memory-efficient kernel where the width is a multiple of
+    parallelism, `gpu_attention.attention_sdpa_causal`), sdpa's memory-efficient kernel where the width is a multiple of
     8 (over 256: sdpa.py 3.3.1 `check_head_dim_size_mem_efficient`), holding no scores like flash; else the
     `[b, heads, s, s]` scores materialised ("math": sdpa's own math path for a width not a multiple of 8, and for
     193-256 off 8.0 / 9.0, where sdpa would still pick flash-attn, `kernels.attention_sdpa_mask`)."""
