@@ -215,7 +215,8 @@ def render() -> str:
               "what to set instead (`config/megatron_names.py`), where the nearest spelling among the keys would "
               "name another key (`train_iters`: `eval_iters`). Megatron's names that are keys here with the same "
               "meaning (`split`, `seed`, `eval_iters`, `weight_decay`, `bf16`, `sequence_parallel`) are read, "
-              "hyphenated too.\n",
+              "hyphenated too. Megatron's other names, hyphenated (`--batch-size`, `--wandb-project`; "
+              "`config/megatron_flags.py`), get no did-you-mean: the nearest key would be unrelated (`vocab_size`).\n",
               "| Megatron-LM | here |", "|---|---|"]
     lines += [f"| `--{k.replace('_', '-')}` | {v} |" for k, v in MEGATRON.items()]
     lines += [f"| `--{k.replace('_', '-')}` | the model's config.json: `{v}` |" for k, v in MEGATRON_MODEL.items()]

@@ -33,8 +33,9 @@ from pretrain_cli.errors import UserError
     ("--vocab-file", "here set tokenizer_name_or_path"),
     ("--tensor-model-parallel-size", "here set tensor_parallel_degree"),
     ("--num-layers", "here set num_hidden_layers"),
-    ("--eod-mask-loss", "no key: the EOS stays a target of the loss, as in PaddleNLP; to leave it out, put a "
-                        ".lsm loss mask beside the .bin with a 0 byte at each EOS"),
+    ("--eod-mask-loss", "no key: the token after each EOS (the next document's first) stays a target of the loss, "
+                        "as in PaddleNLP, attention_mask_type document too; to leave it out, put a .lsm loss mask "
+                        "beside the .bin with a 0 byte at each document's first token"),
     ("--ffn-hidden-size", "here the model's config.json holds it as intermediate_size"),
     ("--hidden-size", "here the model's config.json holds it as hidden_size"),
 ])
@@ -76,3 +77,33 @@ def test_a_blend_given_as_megatron_gives_it_names_the_quoted_value():
     assert str(e.value) == ('command line: --input_dir takes one value, got 4: 0.3 a 0.7 b; a blend is one value: '
                             'quote it, --input_dir "0.3 a 0.7 b"')
     assert parse_config(None, ["--input_dir", "0.3 a 0.7 b"]).data.input_dir == "0.3 a 0.7 b"
+
+
+@pytest.mark.parametrize("typed", ["--batch-size", "--model-parallel-size", "--group-query-attention",
+                                   "--wandb-project", "--adlr-autoresume", "--transformer-impl", "--decoder-seq-length",
+                                   "--attention-softmax-in-fp32", "--dataloader-type", "--no-load-optim"])
+def test_another_megatron_flag_gets_no_unrelated_suggestion(typed):
+    """A hyphenated Megatron-LM flag with no key here said 'see docs/COMPATIBILITY.md' until 827364be underscored it
+    before suggesting: `batch-size` then got 'did you mean vocab_size', `model-parallel-size` sep_parallel_degree,
+    `group-query-attention` fuse_attention_qkv, `wandb-project` do_predict (config.megatron_flags)."""
+    with pytest.raises(UserError) as e:
+        parse_config(None, [typed, "1"])
+    assert str(e.value) == f"command line: unknown key `{typed[2:]}`; see docs/COMPATIBILITY.md for the accepted keys"
+
+
+@pytest.mark.parametrize("typed,near", [("--max-step", "max_steps"), ("--max-seq-lenght", "max_seq_length"),
+                                        ("--learning-rat", "learning_rate"), ("--warmup-step", "warmup_steps"),
+                                        ("--save-total", "save_total_limit"), ("--gradient-accumulation-step",
+                                                                               "gradient_accumulation_steps")])
+def test_a_hyphenated_typo_of_a_key_keeps_its_suggestion(typed, near):
+    with pytest.raises(UserError) as e:
+        parse_config(None, [typed, "1"])
+    assert str(e.value) == f"command line: unknown key `{typed[2:]}`; did you mean `{near}`?"
+
+
+def test_a_hyphenated_name_far_from_every_key_gets_none():
+    """Only a near-exact spelling is suggested for a hyphenated name (`tensorboard-queue` is not one of Megatron's
+    names, its `tensorboard-queue-size` is, and no key here is near it)."""
+    with pytest.raises(UserError) as e:
+        parse_config(None, ["--tensorboard-queue", "1"])
+    assert str(e.value).endswith("see docs/COMPATIBILITY.md for the accepted keys")

@@ -61,9 +61,12 @@ MEGATRON = {
     "virtual_pipeline_model_parallel_size": "virtual_pp_degree",
     "context_parallel_size": "context_parallel_degree",
     "expert_model_parallel_size": "expert_parallel_degree",
-    "reset_attention_mask": "attention_mask_type document",
-    "eod_mask_loss": ("no key: the EOS stays a target of the loss, as in PaddleNLP; to leave it out, put a .lsm loss "
-                      "mask beside the .bin with a 0 byte at each EOS (docs/DATA.md, Token files)"),
+    "reset_attention_mask": ("attention_mask_type document (in a file made with --split-sentences the mask resets at "
+                             "each sentence, not each document)"),
+    "eod_mask_loss": ("no key: the token after each EOS (the next document's first) stays a target of the loss, as in "
+                      "PaddleNLP, attention_mask_type document too; to leave it out, put a .lsm loss mask beside the "
+                      ".bin with a 0 byte at each document's first token (a 0 keeps that token out as a target: "
+                      "docs/DATA.md, Token files)"),
     "loss_scale": "scale_loss (the initial fp16 loss scale)",
     "initial_loss_scale": "scale_loss (the initial fp16 loss scale)",
     "num_workers": "dataloader_num_workers",

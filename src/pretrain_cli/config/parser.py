@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pretrain_cli.config.arguments import SECTIONS, DataArguments, ModelArguments
 from pretrain_cli.config.keys import KEYS, coerce, type_name
+from pretrain_cli.config.megatron_flags import NAMES as MEGATRON_FLAGS
 from pretrain_cli.config.megatron_names import megatron_hint
 from pretrain_cli.config.paddleformers_keys import PIPELINE, pipeline, take_defaults
 from pretrain_cli.config.paddlenlp_keys import ALIASES, IGNORED, attention, check_value, whose
@@ -59,11 +60,16 @@ def _unknown(key: str, where: str, options=()) -> UserError:
     means `--max_new_tokens`, not the nearest training key). A key that begins exactly one name is that name's
     abbreviation, which PaddleNLP's argparse would have taken (`--max_seq`: `max_seq_length`, not the nearer
     spelling `max_steps`). Megatron-LM's names, in either spelling, are answered with the key that says them here
-    (`config.megatron_names`): their nearest spelling is often another key (`train_iters`: `eval_iters`)."""
+    (`config.megatron_names`): their nearest spelling is often another key (`train_iters`: `eval_iters`); its
+    other hyphenated names (`config.megatron_flags`) get no suggestion, for the same reason."""
     own = {o.lstrip("-").replace("-", "_"): o for o in options}
     name = key.replace("-", "_")  # `--micro-batch-size`: the spelling of Megatron's flags
     begun = [k for k in [*own, *KEYS] if k.startswith(name)]
-    close = begun if len(begun) == 1 else difflib.get_close_matches(name, [*own, *KEYS], n=1, cutoff=0.6)
+    # hyphens are Megatron's spelling: its other flags are not typos of ours (`batch-size`: not `vocab_size`), so
+    # none of its names gets a suggestion and another hyphenated name only a near-exact one (`max-step`: max_steps)
+    hyphens = "-" in key
+    close = ([] if hyphens and name in MEGATRON_FLAGS else begun if len(begun) == 1 else
+             difflib.get_close_matches(name, [*own, *KEYS], n=1, cutoff=0.85 if hyphens else 0.6))
     if close and close[0] in own:  # eval's `--data-path`: its own --data, before Megatron's meaning
         return UserError(f"{where}: unknown option `--{key}`; did you mean `{own[close[0]]}`?")
     said = megatron_hint(key, own)  # `--data-path`, `--train-iters`: not the nearest spelling (data_cache, eval_iters)
