@@ -155,3 +155,50 @@ def test_a_tntidx_index_is_named(tmp_path):
                             "--data-impl lazy and cached, which is not read here; re-create the pair from its "
                             "documents with `pretrain-cli preprocess` (or Megatron's tools/preprocess_data.py, which "
                             "writes MMIDIDX)")
+
+
+def test_one_path_with_a_space_is_not_an_unweighted_blend(tmp_path):
+    """A prefix or directory whose path holds a space (`my corpus/c_text_document`) is one source: 54fdbf04 called it
+    Megatron's unweighted blend of 2 prefixes before looking whether the whole text names token files."""
+    from pretrain_cli.data.blend import parse_input_dir
+
+    (tmp_path / "my corpus").mkdir()
+    prefix = _sentences(str(tmp_path / "my corpus" / "c_text_document"))
+    assert parse_input_dir(prefix) == [(1.0, prefix)]
+    assert parse_input_dir(prefix + ".bin") == [(1.0, prefix + ".bin")]
+    assert parse_input_dir(str(tmp_path / "my corpus")) == [(None, prefix)]
+    with pytest.raises(UserError, match="names 2 prefixes and no weights"):  # not there: still read as two
+        parse_input_dir(str(tmp_path / "my corpus" / "other"))
+
+
+def test_an_unweighted_blend_of_shell_text_says_it_is_not_expanded():
+    """`input_dir '$(touch pwned)'` lost the note other paths get (data.indexed) when it became '2 prefixes'."""
+    from pretrain_cli.data.blend import parse_input_dir
+
+    with pytest.raises(UserError) as e:
+        parse_input_dir("$(touch pwned)")
+    assert "names 2 prefixes and no weights" in str(e.value)
+    assert str(e.value).endswith(" (paths are used as written, not shell-expanded)")
+    with pytest.raises(UserError) as e:
+        parse_input_dir("data/a data/b")
+    assert "shell-expanded" not in str(e.value)
+
+
+def test_a_sentence_document_beside_an_empty_one_is_counted_by_sequence(tmp_path):
+    """One 2-sentence document and one empty one: 2 sequences and 2 documents, yet the sequences are not the
+    documents (doc_idx [0, 2, 2]); `unit` compared the counts and said "document"."""
+    b = MegatronBuilder(str(tmp_path / "c_text_sentence"))
+    b.add_document([5, 6, 7, 2], [2, 2])
+    b.add_document([], [])
+    b.finalize()
+    ds = open_token_file(tmp_path / "c_text_sentence")
+    assert (len(ds), ds.num_documents, ds.unit) == (2, 2, "sequence")
+    assert open_token_file(_documents(tmp_path / "d")).unit == "document"
+
+
+def _documents(prefix):
+    b = MegatronBuilder(str(prefix))
+    b.add_document([5, 6, 2], [3])
+    b.add_document([7, 2], [2])
+    b.finalize()
+    return str(prefix)

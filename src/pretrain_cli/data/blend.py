@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pretrain_cli.data.indexed import token_prefixes
+from pretrain_cli.data.indexed import strip_prefix, token_prefixes
 from pretrain_cli.errors import UserError
 
 _CHUNK = 1 << 14
@@ -29,12 +29,19 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _one_source(text: str) -> bool:
+    """Whether the whole of `text` names token files (`.idx` or PaddleNLP's `_idx.npz` beside the prefix) or a
+    directory: then a space in it is part of one path, read before the words as Megatron's blend."""
+    prefix = strip_prefix(text)
+    return os.path.isdir(text) or any(os.path.exists(prefix + ext) for ext in (".idx", "_idx.npz"))
+
+
 def parse_input_dir(input_dir: str) -> list[tuple[float | None, str]]:
     """A directory (every token prefix; weight None = by its token count, so a directory of task outputs
     samples like the one merged file) or "w1 prefix1 w2 prefix2 ..."."""
     text = str(input_dir).strip()
     parts = text.split()
-    if len(parts) == 1:
+    if len(parts) == 1 or _one_source(text):  # `my corpus/c_text_document`: a space in one path, not a blend
         p = Path(text)
         if p.is_dir():
             prefixes = token_prefixes(p)
@@ -45,9 +52,10 @@ def parse_input_dir(input_dir: str) -> list[tuple[float | None, str]]:
         return [(1.0, text)]
     if not any(_is_number(x) for x in parts):  # Megatron's unweighted `--data-path a b`: weights by their sizes
         pairs = " ".join(f"1.0 {x}" for x in parts)
+        literal = " (paths are used as written, not shell-expanded)" if any(c in text for c in "$`~") else ""
         raise UserError(f"input_dir: {text!r} names {len(parts)} prefixes and no weights (Megatron-LM's unweighted "
                         f"--data-path, which weighs each by its size); put a weight before each (\"{pairs}\": equal "
-                        "shares), or name a directory holding only them (each weighted by its tokens)")
+                        f"shares), or name a directory holding only them (each weighted by its tokens){literal}")
     if len(parts) % 2:
         raise UserError(f"input_dir: {text!r} is not weight/prefix pairs; use \"0.7 ./data/a 0.3 ./data/b\"")
     out = []

@@ -75,8 +75,11 @@ class IndexedDataset:
     def unit(self) -> str:
         """What `split` divides and samples shuffle, as Megatron-core and PaddleNLP do: the `.idx`'s sequences, its
         documents unless Megatron's `--split-sentences` (a sequence per sentence) or an empty document (a doc_idx
-        entry with no sequence) made them differ; then the lines that count them say "sequence"."""
-        return "document" if len(self) == self.num_documents else "sequence"
+        entry with no sequence) made them differ; then the lines that count them say "sequence". The index itself is
+        compared, not the counts: a 2-sentence document beside an empty one has 2 of each."""
+        n = len(self)
+        same = n == self.num_documents and np.array_equal(self.doc_idx, np.arange(n + 1))
+        return "document" if same else "sequence"
 
     @property
     def num_tokens(self) -> int:
