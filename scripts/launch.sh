@@ -157,7 +157,8 @@ attempt=0
 rendezvous=0
 extra=()
 while true; do
-  rm -f "$verdicts"/rank-*.json "$verdicts"/killed-* "$verdicts"/start.*  # (the last launch's: job.py cause reads them)
+  # (the last launch's: job.py cause reads them; a rank alone's notes of its progress and its stop: watchdog.py)
+  rm -f "$verdicts"/rank-*.json "$verdicts"/killed-* "$verdicts"/start.* "$verdicts"/progress.* "$verdicts"/stopping.*
   if [ -n "$stop" ]; then exit $((128 + $(kill -l "$stop"))); fi
   # which restart this is (0: the first launch): rank 0, finding the lock the failed attempt left, says only where
   # that attempt ended, the failure being named by the line above (training/run_lock.py, `unfinished`)

@@ -34,7 +34,9 @@ def cause(directory, log_dir=None, output: tuple | None = None) -> str | None:
     handler ran) or of its stack (a fatal signal that leaves one). A rank the launcher killed once a stop by signal
     had outlasted STOP_TIMEOUT is named without the re-run advice: the launcher's own line has said the stop and
     what to do. `output`: the user's (output_dir, overwrite, resume_from), for the re-run advice a record made by the
-    launcher leaves out (`job.record`'s `rerun`: a rank alone on its node, without a watcher to say it)."""
+    launcher leaves out (`job.record`'s `rerun`: a rank alone on its node, without a watcher to say it). A rank alone
+    that died at exit after its run had finished (`finished`, recorded by its launcher) is said so, with its crash's
+    end and no advice to re-run: its output is complete."""
     records = job.read_records(directory)
     own = job.own_ends(records)
     stopped = sorted((r for r in records if r.get("kind") == "stopped" and r.get("line")),
@@ -44,6 +46,12 @@ def cause(directory, log_dir=None, output: tuple | None = None) -> str | None:
         return f"launch.sh: {str(stopped[0]['line']).removeprefix(rank_log.PREFIX).strip()}"
     if not own and peers:  # every rank of this node stopped because a rank of another node failed: which, and how
         return f"launch.sh: {str(peers[0]['line']).removeprefix(rank_log.PREFIX).strip()}"
+    finished = [r for r in records if r.get("kind") == "finished" and r.get("line")]
+    if not own and finished:  # a rank alone died at exit after its run had finished: said so, with its crash's end
+        log = Path(log_dir) / f"workerlog.{finished[0].get('local') or finished[0].get('rank')}" if log_dir else None
+        more = rank_log.crash(rank_log.since(directory, log), fatal=True) if log is not None else []
+        where = f" Its full log: {log}" if log is not None else ""
+        return "\n".join([f"launch.sh: {_sentence(str(finished[0]['line']))}{where}", *more])
     if not own or not own[0].get("line"):
         return None
     first = own[0]

@@ -215,16 +215,25 @@ def install() -> None:
     ControllerBase.finalize = finalize_said
 
 
+# the last line of a run whose final model is on disk (`training.closing.finished`, `already_complete`: this layer may
+# not import training; tests/unit/test_lone_rank_end.py ties them), after the logger's `[date] [LEVEL] - `
+FINISHED = re.compile(r"\] - (train: (?:done at step \d+|nothing trained now)); the final model")
+
+
 def _record_alone(containers) -> None:
     """The death by a signal of a node's only rank, which left no record (`job.record`) of it: recorded from its exit
-    status as a watcher records a rank's death (kind "died", `killed by SIGKILL`, with its pid and host), for
+    status as a watcher records a rank's death (kind "died", `killed by SIGKILL`, with its pid and host: one line,
+    `watcher.died`, which names a SIGKILL during a stop from the rank's notes here, `watchdog.stop_began`), for
     launch.sh's line and exit code (128 + the signal: `account.cause`, `job.decide`), which said nothing of a job of
     one process killed (`kill -9`, the OOM killer), its console only Paddle's `Container failed`, exit 247: such a job
     has no watcher (`watchdog.start`), and nothing else names a death by a signal. The re-run advice is left to
-    `account.cause` (`rerun`), which launch.sh gives the user's output settings. Not for an exit with a code (the CLI
-    records its own errors; one without a record, 2 or 130 among them, keeps launch.sh's reading of the launcher's
-    code: never retried), several ranks of a node, whose watchers decide which died first (this launcher polls its
-    ranks once a second), nor a rank with a record of any kind (a `joining` one is a failed join, retried as such)."""
+    `account.cause` (`rerun`), which launch.sh gives the user's output settings. A rank whose log says this launch
+    finished the run (`FINISHED`: its final model written) died at exit (an atexit handler's or the native teardown's
+    crash): kind "finished", exit 0, never retried (a re-run would train again what is done), as a launched rank of
+    several ends past its teardown (`runtime.end_process`) with 0. Not for an exit with a code (the CLI records its own
+    errors; one without a record, 2 or 130 among them, keeps launch.sh's reading of the launcher's code: never
+    retried), several ranks of a node, whose watchers decide which died first (this launcher polls its ranks once a
+    second), nor a rank with a record of any kind (a `joining` one is a failed join, retried as such)."""
     directory = job.verdict_dir()
     proc = getattr(getattr(containers[0], "_proc", None), "_proc", None) if len(containers) == 1 else None
     code = getattr(proc, "returncode", None)  # (Paddle's ProcessContext's Popen: the rank; -N: killed by signal N)
@@ -233,11 +242,19 @@ def _record_alone(containers) -> None:
     import socket
 
     from pretrain_cli import processes
+    from pretrain_cli.distributed.launcher.watcher import died
 
     env = containers[0].env
     status = -code  # (as waitpid reports a death by that signal)
     rank = int(env.get("PADDLE_TRAINER_ID") or 0)
-    line = f"rank {rank} (pid {proc.pid} on {socket.gethostname()}) died: {processes.describe_status(status)}"
+    line = died(rank, proc.pid, socket.gethostname(), status, directory)
+    log = getattr(containers[0], "_out", None)
+    done = [m.group(1) for m in map(FINISHED.search, rank_log.since(directory, log) if log else ()) if m]
+    if done:  # (its output is complete: no advice to re-run)
+        job.record(rank, 0, "finished", f"{line}, at exit, after the run had finished ({done[-1]}; its final model "
+                   f"is written): the run's output is complete, nothing to re-run", directory,
+                   local=env.get("PADDLE_LOCAL_RANK", "0"))
+        return
     job.record(rank, processes.exit_code(status), "died", line, directory, local=env.get("PADDLE_LOCAL_RANK", "0"),
                rerun=True)
 

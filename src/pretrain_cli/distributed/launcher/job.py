@@ -41,7 +41,8 @@ def record(rank: int, code: int | None, kind: str, line: str, directory: Path | 
            overwrite: bool = True, local: str | None = None, rerun: bool = False) -> None:
     """This rank's own end (`kind`: "usage", "system", "transient", "interrupted", "peer" (stopped because
     another rank failed), "crashed" (an unexpected exception: a bug), "died", "hung", "lost" (ended by gloo after a
-    rank on another host failed), "stopped" (by a signal, after saving: exit 0); "joining" while it joins the
+    rank on another host failed), "stopped" (by a signal, after saving: exit 0), "finished" (a rank alone that died at
+    exit after its run had finished, recorded by its launcher: exit 0); "joining" while it joins the
     process group, cleared once joined), when launched by launch.sh; best effort, never raises. A usage error found
     before this rank began joining is marked `before_join`: a run-wide check (the argument file, the data, the
     checkpoint to resume; some made by rank 0 alone), found before any watcher runs, whose line needs no rank to be
@@ -128,9 +129,10 @@ def read_records(directory) -> list[dict]:
 
 
 def own_ends(records: list[dict]) -> list[dict]:
-    """The records of ranks that ended by themselves (not stopped by another's failure, a signal, a join), first
-    first; an error that is the collective library's reaction to a lost peer after every other (`reaction`)."""
-    return sorted((r for r in records if r.get("kind") not in ("peer", "joining", "stopped")),
+    """The records of ranks that ended by themselves (not stopped by another's failure, a signal, a join; nor a rank
+    that died at exit after the run had finished), first first; an error that is the collective library's reaction
+    to a lost peer after every other (`reaction`)."""
+    return sorted((r for r in records if r.get("kind") not in ("peer", "joining", "stopped", "finished")),
                   key=lambda r: (reaction(r), r.get("time", 0)))
 
 
@@ -161,7 +163,7 @@ def decide(directory, launcher_rc: int) -> tuple[int, str]:
         return TRANSIENT, "rendezvous"
     if own:
         return int(own[0]["exit"]), "retry"
-    if any(r.get("kind") == "stopped" for r in records):  # a signal stopped it and every rank saved: done
+    if any(r.get("kind") in ("stopped", "finished") for r in records):  # saved at a stop, or finished: done
         return 0, "stop"
     if any(r.get("kind") == "peer" for r in records):  # stopped because a rank of another node failed
         return 1, "retry"

@@ -70,6 +70,7 @@ _WATCHER = None  # (pid of this rank's watcher, saved stdout fd, saved stderr fd
 # end kept by the rank) while one runs
 _LOCK = threading.Lock()  # who ends the watcher's part of `_WATCHER`: `stop`, or `_gone` after its death
 _OWNERS = None  # this rank's descriptor holding its shared lock on the watch directory (`tempdirs.watch_dir`)
+_ALONE = None  # (launch.sh's verdict directory, rank) of a job of one process launched by launch.sh (`start`)
 
 
 def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | None = None,
@@ -77,8 +78,18 @@ def start(parallel: ParallelConfig, grace: float = 15.0, hang_timeout: float | N
     """Start this rank's watcher (a job of one process needs none; a rank alone on its host gets one too: it names
     its own rank's death or hang, and a gloo abort as the loss of a rank on another host); `hang_timeout`: the run's
     key (`distributed.launcher.progress.allowance`); `output_dir`, `overwrite`, `resume_from`: the run's output
-    settings, from which its line's re-run advice names where the same command starts (`rerun`)."""
+    settings, from which its line's re-run advice names where the same command starts (`rerun`). A job of one
+    process launched by launch.sh keeps its progress record and its stop's note (`stop_began`) in launch.sh's verdict
+    directory instead (`_ALONE`): its launcher names its death from them (`failure_report._record_alone`)."""
     if parallel.world_size <= 1:
+        from pretrain_cli.distributed.launcher import job
+
+        global _ALONE
+        directory = job.verdict_dir()
+        if directory is not None and directory.is_dir():
+            _ALONE = (directory, parallel.rank)
+            with contextlib.suppress(OSError):
+                progress.open_record(directory / f"progress.{parallel.rank}")
         return
     import socket
     import uuid
@@ -222,6 +233,7 @@ def stop() -> None:
     global _WATCHER
     with _LOCK:
         if _WATCHER is None:
+            progress.close_record()  # (a rank alone's, if any: `start`)
             return
         child, out, err, shared, _, kept = _WATCHER
         _WATCHER = None
@@ -280,16 +292,19 @@ def holding(path: Path) -> None:
 def stop_began(clock=None) -> None:
     """This rank's stop begins (`training.stop_signals`: its signal, or the ranks' agreement on another's): noted once
     (`stopping.began`), and left for the host's watchers as `stopping.<rank>` in the watch directory, so that a SIGKILL
-    during the stop is named as the launcher's limit (`Watcher._in_stop`). Best effort; no file without a watcher."""
+    during the stop is named as the launcher's limit (`watcher.died`); a rank alone under launch.sh, without a watcher,
+    leaves it in launch.sh's verdict directory (`_ALONE`), for its launcher (`failure_report._record_alone`), which
+    named such a kill `killed by SIGKILL (often the kernel's OOM killer ...)`. Best effort; else no file."""
     from pretrain_cli.distributed.launcher import stopping
 
     text = stopping.began(clock)
-    if _WATCHER is None or text is None:
+    notes = (_WATCHER[3], _WATCHER[4]) if _WATCHER is not None else _ALONE
+    if notes is None or text is None:
         return
     from pretrain_cli import atomic
 
     with contextlib.suppress(OSError):
-        atomic.write_text(_WATCHER[3] / f"stopping.{_WATCHER[4]}", text)
+        atomic.write_text(notes[0] / f"stopping.{notes[1]}", text)
 
 
 @contextlib.contextmanager

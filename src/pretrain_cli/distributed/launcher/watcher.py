@@ -80,6 +80,25 @@ def exit_fds(ranks: dict) -> dict:
     return {fd: r for r, fd in fds.items() if fd is not None}
 
 
+def died(rank: int, pid: int, host: str, status: int | None, notes: Path | None) -> str:
+    """`rank R (pid P on H) died: killed by SIGKILL`; for a rank SIGKILLed once its stop had begun (its note
+    `stopping.R` in `notes`, `watchdog.stop_began`), how far into the stop, doing what (its progress record there),
+    most likely whose limit, and how to give a stop longer (`stopping.killed`). One line for a watcher's verdict and
+    for the launcher of a rank alone without one (`failure_report._record_alone`; its notes in launch.sh's verdict
+    directory), which said the stop cut off as any death (often the OOM killer's)."""
+    from pretrain_cli.distributed.launcher import stopping
+
+    said = f"rank {rank} (pid {pid} on {host}) died: {processes.describe_status(status)}"
+    if notes is None or status is None or status & 0x7F != signal.SIGKILL:
+        return said
+    try:
+        mark = (Path(notes) / f"stopping.{rank}").read_text()
+    except OSError:
+        return said
+    record = progress.read(Path(notes), [rank]).get(rank, {})
+    return said + stopping.killed(mark, time.time(), record.get("phase", "?"), record.get("step", 0))
+
+
 class Watcher:
     """The watcher of rank `me` (`ranks`: this host's ranks -> pids; `shared`: the host's watch directory;
     `verdicts`: launch.sh's directory or None; `grace`: how long its rank gets to die; `hang_timeout`: the run's
@@ -336,23 +355,8 @@ class Watcher:
             if cause["phase"] in progress.WAITING and self.remote:  # every rank here waits: for a rank elsewhere
                 named += f", waiting for a rank on another host ({elsewhere}), which that node's workerlog names"
         else:
-            named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) died: {processes.describe_status(st)}"
-                              f"{self._in_stop(r, st)}" for r, st in zip(causes, statuses))
+            named = ", ".join(died(r, self.ranks[r], self.host, st, self.shared) for r, st in zip(causes, statuses))
         return named + lost
-
-    def _in_stop(self, rank: int, status: int | None) -> str:
-        """For a rank SIGKILLed once its stop had begun (its `stopping.R` note, `stopping.began`): how far into the
-        stop, doing what, most likely whose limit, and how to give a stop longer (`stopping.killed`); else ""."""
-        from pretrain_cli.distributed.launcher import stopping
-
-        if status is None or status & 0x7F != signal.SIGKILL:
-            return ""
-        try:
-            mark = (self.shared / f"stopping.{rank}").read_text()
-        except OSError:
-            return ""
-        record = progress.read(self.shared, [rank]).get(rank, {})
-        return stopping.killed(mark, time.time(), record.get("phase", "?"), record.get("step", 0))
 
     def _line(self, cause: dict, own: bool = False) -> str:
         causes, statuses, named = cause["ranks"], cause["statuses"], self._named(cause)
