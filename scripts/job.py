@@ -116,10 +116,14 @@ def _settings(args: list[str]) -> tuple | None:
     """(output_dir, overwrite_output_dir, resume_from_checkpoint) of the user's arguments, for `cause`'s re-run advice;
     None where they do not parse."""
     arguments = _arguments(args)
-    if arguments is None:
-        return None
+    return None if arguments is None else (_output_dir("", arguments), *_output_settings(arguments))
+
+
+def _output_settings(arguments) -> tuple[bool, str | None]:
+    """(overwrite_output_dir is true, resume_from_checkpoint or None) of the user's parsed `arguments`: one reading
+    for `cause`'s advice (`_settings`) and a restart's (`_restart`)."""
     named = arguments.get("resume_from_checkpoint")
-    return _output_dir("", arguments), arguments.get("overwrite_output_dir") is True, str(named) if named else None
+    return arguments.get("overwrite_output_dir") is True, str(named) if named else None
 
 
 def _output_dir(given: str, arguments) -> str | None:
@@ -141,11 +145,9 @@ def _restart(output_dir: str, before: set, args: list[str]) -> tuple[str | None,
     import json
 
     arguments = _arguments(args)
-    named = arguments.get("resume_from_checkpoint") if arguments is not None else None
-    own = "" if arguments is None else json.dumps({"overwrite": arguments.get("overwrite_output_dir") is True,
-                                                   "resume_from": str(named) if named else None})
-    overwrite = arguments is not None and arguments.get("overwrite_output_dir") is True
-    resume, then, keep = rerun.restart(_output_dir(output_dir, arguments), named or None, before, overwrite)
+    overwrite, named = _output_settings(arguments) if arguments is not None else (False, None)
+    own = "" if arguments is None else json.dumps({"overwrite": overwrite, "resume_from": named})
+    resume, then, keep = rerun.restart(_output_dir(output_dir, arguments), named, before, overwrite)
     return resume, then, own, keep
 
 
