@@ -1,6 +1,7 @@
 """House rule: no line of the source is over 120 characters. Nothing checked it (pyflakes does not, and no linter
 config in the repository sets a length), so three lines of the package (152, 146 and 137 characters) were committed
-unseen; and once this test read src/ only, about 50 lines of scripts/*.py and benchmarks/*.py were over it, up to 199.
+unseen; and once this test read src/ only, 48 lines of scripts/*.py and benchmarks/*.py were over it, up to 1025
+characters (scripts/gen_compat_doc.py:124, a row of the table it writes).
 Read: the tracked .py files of src/ (every one), scripts/ and benchmarks/ (those directly in them: tests/ is not read).
 Characters, not bytes: `awk 'length > 120'` under mawk counts bytes, so a line with a `×` or `—` in it is reported
 over the limit when it is not."""
