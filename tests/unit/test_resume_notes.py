@@ -102,7 +102,7 @@ def _resumed_on_one_rank(tmp_path, splits, eval_iters="3", valid_rows=()):
     """2 ranks x 4 x eval_iters 3 = 24 eval windows, resumed on 1 rank over `splits`: (run, its eval notes)."""
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.config.resolve import resolve
-    from pretrain_cli.orchestration.resumed import eval_repeats
+    from pretrain_cli.orchestration.eval_windows import eval_repeats
     from pretrain_cli.orchestration.resumed import keep_global_batch
     from pretrain_cli.run_config import Target
 

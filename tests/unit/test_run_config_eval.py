@@ -10,7 +10,7 @@ from run_helpers import model_config, resolve_run
 def test_an_eval_split_smaller_than_its_batches_is_noted():
     from types import SimpleNamespace
 
-    from pretrain_cli.orchestration.resumed import eval_repeats
+    from pretrain_cli.orchestration.eval_windows import eval_repeats
 
     run = resolve_run("--do_eval", "true", "--do_predict", "true", "--eval_iters", "4",
                       "--per_device_eval_batch_size", "8")
@@ -44,7 +44,7 @@ def test_a_blend_s_eval_split_is_judged_per_source_by_its_weight():
     from types import SimpleNamespace
 
     from pretrain_cli.data.blend import BlendedDataset
-    from pretrain_cli.orchestration.resumed import eval_repeats
+    from pretrain_cli.orchestration.eval_windows import eval_repeats
 
     run = resolve_run("--do_eval", "true", "--eval_iters", "4", "--per_device_eval_batch_size", "8")
     blend = BlendedDataset([list(range(30)), list(range(3))], [3.0, 1.0], ["a", "b"])
@@ -104,7 +104,7 @@ def test_the_quickstart_run_reads_no_sample_twice():
 
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.config.resolve import resolve
-    from pretrain_cli.orchestration.resumed import eval_repeats
+    from pretrain_cli.orchestration.eval_windows import eval_repeats
     from pretrain_cli.run_config import Target
 
     repo = Path(__file__).resolve().parents[2]

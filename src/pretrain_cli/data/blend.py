@@ -191,7 +191,7 @@ def source_reads(weights, n: int) -> list[int]:
 def short_sources(held: list[int], weights, n: int) -> list[int]:
     """The sources (indices) whose split, holding `held` samples each, is smaller than what reading n samples of
     their blend takes from it, so that reading repeats their samples. The one judge of "evaluation repeats
-    samples": `check`'s suggested `split` (`splits._split_for`) and the run's note (`resumed.eval_repeats`)."""
+    samples": `check`'s suggested `split` (`splits._split_for`) and the run's note (`eval_windows.eval_repeats`)."""
     return [k for k, (h, r) in enumerate(zip(held, source_reads(weights, n))) if h < r]
 
 

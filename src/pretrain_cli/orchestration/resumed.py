@@ -2,7 +2,8 @@
 global batch (and the eval windows) when the number of processes changed, which decide what a step means and what
 an eval loss averages; the loss weights the user does not set (`loss_weights`); a MoE router's bias at rate 0; and
 the refusal of an older checkpoint beside another branch's later ones. `apply_resume` applies them to a prepared
-run, with the notes on evaluation windows that repeat samples (`eval_repeats`), which those decisions can change."""
+run, with the notes on evaluation windows that repeat samples (`eval_windows.eval_repeats`), which those decisions
+can change. What an eval averages (the windows kept, the repeats said) lives in `orchestration.eval_windows`."""
 from __future__ import annotations
 
 import copy
@@ -14,6 +15,7 @@ from pretrain_cli.config.parser import Arguments
 from pretrain_cli.config.resolve import resolve
 from pretrain_cli.counts import count
 from pretrain_cli.errors import UserError
+from pretrain_cli.orchestration.eval_windows import eval_repeats, keep_eval_windows
 from pretrain_cli.run_config import RunConfig, Schedule, Target
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 
@@ -51,33 +53,6 @@ def _data_ranks(n: int) -> str:
     return count(n, "data rank")
 
 
-def _whole_passes(valid, windows: int, per: int) -> bool:
-    """Whether `windows` eval windows average what one pass over `valid` does, read in eval_iters of `per`: whole
-    passes of a padded split (each pass one sample per document, in another order: `data.samples.PaddedDataset`),
-    which `per` divides. A packed split's later passes pack its documents anew (other windows), and a blend's
-    interleave does not end its sources' passes together: never."""
-    n = len(valid) if valid is not None else 0
-    return getattr(valid, "mode", None) == "padded" and windows > n > 0 and windows % n == 0 and n % per == 0
-
-
-def _eval_batch_lever(windows: int, lp, ranks: int, name: str) -> str:
-    """The clause of the resume's eval note where no eval_iters of this run's per_device_eval_batch_size makes the
-    checkpoint's `windows` on `ranks` data ranks: the eval batch that does, as the note's own arithmetic gives it
-    (windows = batch x eval_iters x ranks), so the user has the key to set, not only the loss of comparability. The
-    batch is at most this run's (a larger one may not fit: `plan`'s eval line), keeping eval_iters where it can;
-    where `windows` does not split over the ranks, no batch makes it either, and the clause says so."""
-    if windows % ranks:
-        return (f"which no eval_iters or per_device_eval_batch_size makes {windows} on {_data_ranks(ranks)} "
-                f"({count(windows, 'window')} do not split over them):")
-    per_rank = windows // ranks
-    fits = [b for b in range(min(lp.eval_batch, per_rank), 0, -1) if per_rank % b == 0]  # (1 always divides)
-    batch = next((b for b in fits if per_rank // b == lp.eval_iters), fits[0])
-    iters = per_rank // batch
-    also = "" if iters == lp.eval_iters else f" with eval_iters {iters}"
-    return (f"which no eval_iters makes {windows}; per_device_eval_batch_size {batch}{also} does ({batch} x "
-            f"eval_iters {iters} x {_data_ranks(ranks)} = {windows}, the windows of {name}'s run): set it, or")
-
-
 def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target, resume, splits=None) -> RunConfig:
     """A resumed run keeps the checkpoint's global batch (and its eval windows) unless the user changed a batch key
     from what they set for the checkpoint's run (`args`: as set; the checkpoint's args.json `user_arguments`): on
@@ -85,10 +60,11 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
     note; where it does not, one line names the keys to set. Set to set, not to what a resume derived: re-run on the
     processes of a resume that derived the accumulation (a restart), the file's own value is no new choice, and the
     global batch stays. A run that changed the batch keys itself gets what it asked for, with a note. The eval
-    windows are kept also past what the valid split of `splits` holds (the repeat said once, `prepare.eval_repeats`):
-    a packed split's later passes are other windows of its documents, so fewer windows average other samples. Only
-    where fewer keep the same average (`_whole_passes`) eval_iters reads the split once; where no eval_iters keeps
-    the windows, the note says the eval curve is not comparable across the resume."""
+    windows are kept also past what the valid split of `splits` holds (the repeat said once,
+    `eval_windows.eval_repeats`): a packed split's later passes are other windows of its documents, so fewer windows
+    average other samples. Only where fewer keep the same average (`eval_windows._whole_passes`) eval_iters reads
+    the split once; where no eval_iters keeps the windows, the note says the eval curve is not comparable across the
+    resume (`eval_windows.keep_eval_windows`)."""
     resume = CheckpointDir.of(resume)  # (a path, or the one object `prepare` reads the checkpoint's files through)
     saved = _saved_batches(resume)
     if saved is None:
@@ -129,26 +105,9 @@ def keep_global_batch(args: Arguments, run: RunConfig, model_cfg, target: Target
         notes.append(f"batch: {how}: gradient_accumulation_steps {lp.grad_accum} -> "
                      f"{was // (lp.micro_batch * ranks)} keeps {count(was, 'sequence')} a step")
     eval_was = saved["eval_batch"] * saved["eval_iters"] * saved["ranks"]
-    valid = splits.get("valid") if splits is not None else None
     if run.loop.do_eval and lp.eval_batch * lp.eval_iters * ranks != eval_was and not changed(EVAL_KEYS):
-        per = lp.eval_batch * ranks  # the windows one eval_iter reads
-        if _whole_passes(valid, eval_was, per):  # fewer windows, the same average
-            iters = len(valid) // per
-            if iters != lp.eval_iters:
-                args.set("eval_iters", iters)
-            notes.append(f"eval: {resume.name}'s run evaluated {count(eval_was, 'window')}: the valid split's "
-                         f"{len(valid)}, {eval_was // len(valid)} times over (padded windows repeat whole); eval_iters "
-                         f"{lp.eval_iters}{f' -> {iters}' if iters != lp.eval_iters else ''} reads each once: the same "
-                         f"average, so the eval curve goes on comparable")
-        elif eval_was % per == 0:  # also past the split: the same windows as its run read (`eval_repeats` says so)
-            args.set("eval_iters", eval_was // per)
-            notes.append(f"eval: eval_iters {lp.eval_iters} -> {eval_was // per} keeps the "
-                         f"{count(eval_was, 'eval window')} of {resume.name}'s run")
-        else:
-            notes.append(f"eval: {resume.name}'s run evaluated {count(eval_was, 'window')}; this one evaluates "
-                         f"{lp.eval_batch * lp.eval_iters * ranks} (eval_iters x per_device_eval_batch_size x "
-                         f"{_data_ranks(ranks)}), {_eval_batch_lever(eval_was, lp, ranks, resume.name)} the eval "
-                         f"curve is not comparable across the resume (its losses average other windows)")
+        valid = splits.get("valid") if splits is not None else None
+        notes += keep_eval_windows(args, lp, ranks, eval_was, valid, resume.name)
     new = resolve(args, model_cfg, target) if args.get("gradient_accumulation_steps") != lp.grad_accum or \
         args.get("eval_iters") != lp.eval_iters else run
     return replace(new, notes=(*run.notes, *notes))
@@ -348,48 +307,3 @@ def apply_resume(spec, saved: CheckpointDir | None) -> tuple[Arguments, RunConfi
     if spec.splits is not None:
         run = replace(run, notes=(*run.notes, *eval_repeats(run, spec.splits)))
     return args, run
-
-
-def eval_repeats(run: RunConfig, splits) -> list[str]:
-    """Notes for an eval or test split smaller than the batches that evaluate it (the samples repeat); a blend's, per
-    source, by its weight's share of those batches (`blend.short_sources`: the judge `check`'s suggested split asks
-    too). The test pass reads `test_iters` batches, 10 x eval_iters as PaddleNLP's run_pretrain.py
-    (`config.resolve`), and the note says where that 10 comes from: "10 x eval_iters 3" alone read as an
-    unexplained factor."""
-    from pretrain_cli.data.blend import BlendedDataset, reads_within, short_sources, source_reads
-
-    lp, world, notes = run.loop, run.parallel.data_world_size, []
-    ranks = f"{world} data rank{'s' if world != 1 else ''}"
-    for split, on, iters in (("valid", lp.do_eval, lp.eval_iters), ("test", lp.do_predict, lp.test_iters)):
-        ds = splits.get(split)
-        need = iters * lp.eval_batch * world
-        if not on or ds is None:
-            continue
-        blend = isinstance(ds, BlendedDataset)
-        held, weights = ([len(d) for d in ds.datasets], list(ds.weights)) if blend else ([len(ds)], [1.0])
-        short = short_sources(held, weights, need)
-        if not short:
-            continue
-        per = iters // max(1, lp.eval_iters)  # test: 10 batches per eval_iter
-        read = (f"eval_iters {lp.eval_iters}" if split == "valid" else
-                f"test_iters {iters} (10 x eval_iters {lp.eval_iters}: the test pass reads ten times as many "
-                f"batches, as PaddleNLP's run_pretrain.py)")
-        once = reads_within(held, weights, per * lp.eval_batch * world)  # eval_iters reading each sample once
-        kept = split == "valid" and any(n.startswith("eval: eval_iters ") and " keeps the " in n for n in run.notes)
-        fix = ("as the checkpoint's run did (its eval windows are kept, above, so the curve goes on comparable)"
-               if kept else f"eval_iters {once} reads each once" if once else
-               f"even eval_iters 1 reads {per * lp.eval_batch * world} samples here "
-               f"({'test_iters 10 x ' * (per > 1)}"
-               f"per_device_eval_batch_size {lp.eval_batch} x {ranks}): give the {split} split a larger share of "
-               f"`split`, or lower per_device_eval_batch_size")
-        total = f"{read} x per_device_eval_batch_size {lp.eval_batch} x {ranks} = {need}"
-        if blend:
-            taken = source_reads(weights, need)
-            holds = "; ".join(f"{ds.names[k]} gives {taken[k]:,} of them by its weight and holds "
-                              f"{count(held[k], 'sample')}" for k in short)
-            notes.append(f"eval: the {split} split of the blend reads {total} samples: {holds}, so evaluation "
-                         f"repeats samples; {fix}")
-        else:
-            notes.append(f"eval: the {split} split holds {count(held[0], 'sample')}, fewer than {total}, so "
-                         f"evaluation repeats samples; {fix}")
-    return notes
