@@ -34,10 +34,16 @@ def test_the_data_ranks_of_the_layout_and_the_defaults_are_accepted():
 
 
 def test_under_a_sharding_group_of_every_data_rank_the_line_names_the_sharding_degree_that_leaves_it():
+    """With `sharding_parallel_degree` -1 the sharding group takes every data rank, so PaddleNLP's dp is 1 on any
+    world: the line said 'run it on 8 processes', refused again on 8 ('16'), and so on. The count it names now is the
+    one the stated degree is the data ranks at (2), and each fix it names passes."""
     with pytest.raises(UserError) as e:
         resolve_run("--data_parallel_degree", "2", "--sharding", "stage1", world=4)
     assert ("data_parallel_degree: 2, but 4 processes / (sharding 4) give 1 data rank; set sharding_parallel_degree: "
-            "2 (ZeRO over the rest), run it on 8 processes") in str(e.value)
+            "2 (ZeRO over the rest), run it on 2 processes (`check --world_size 2`), or remove the key") in str(e.value)
+    assert resolve_run("--data_parallel_degree", "2", "--sharding", "stage1", "--sharding_parallel_degree", "2",
+                       world=4).parallel.dp_degree == 2
+    assert resolve_run("--data_parallel_degree", "2", "--sharding", "stage1", world=2).parallel.data_world_size == 2
 
 
 def test_the_launch_a_file_is_written_for_counts_its_stated_data_parallel_degree():
@@ -75,3 +81,75 @@ def test_the_keys_rows_and_note_say_a_degree_the_layout_does_not_give_is_refused
     for key in ("data_parallel_degree", "data_parallel_size"):
         assert "a value above 1 that they do not give is refused" in IGNORED[key][1]
         assert IGNORED[key][1] in rows[key]
+
+
+ADVISED = [  # (keys, world): a refused stated degree; every count or key its line names must pass
+    (["--data_parallel_degree", "2", "--sharding", "stage1"], 8),
+    (["--data_parallel_degree", "3", "--sharding", "stage1"], 12),
+    (["--data_parallel_degree", "2", "--sharding", "stage1", "--tensor_parallel_degree", "2"], 8),
+    (["--data_parallel_size", "6", "--sharding", "stage1", "--sharding_parallel_degree", "4"], 12),
+    (["--data_parallel_degree", "3", "--tensor_parallel_degree", "2", "--pipeline_parallel_degree", "2"], 4),
+    (["--data_parallel_degree", "3", "--sharding_parallel_degree", "2"], 4),
+]
+
+
+@pytest.mark.parametrize("keys,world", ADVISED)
+def test_the_count_and_the_sharding_degree_the_line_names_pass_and_are_the_fewest_processes(keys, world):
+    """One rule (`one_process.stated_unmet`) for the refusal and for the processes named (`least_data_ranks`,
+    `fewest_processes`): a count the line names passes, and so does a sharding degree it names, at this world."""
+    import re
+
+    from run_helpers import BASE
+
+    from pretrain_cli.config.one_process import fewest_processes
+    from pretrain_cli.config.parser import parse_config
+
+    with pytest.raises(UserError) as e:
+        resolve_run(*keys, "--gradient_accumulation_steps", "4", world=world)
+    line = next(x for x in str(e.value).splitlines() if x.startswith("data_parallel_"))
+    named = int(re.search(r"run it on (\d+) processes", line).group(1))
+    assert named == fewest_processes(parse_config(None, [*BASE, *keys]))[0]
+    assert resolve_run(*keys, "--gradient_accumulation_steps", "4", world=named).parallel
+    sharding = re.search(r"set sharding_parallel_degree: (\d+)", line)
+    if sharding:
+        assert resolve_run(*keys, "--sharding_parallel_degree", sharding.group(1), "--gradient_accumulation_steps", "4",
+                           world=world).parallel
+
+
+def test_a_stated_degree_no_count_gives_names_the_key_to_remove_and_the_file_is_planned_on_the_others():
+    """expert_parallel_degree 4 must divide the data ranks, a stated data_parallel_degree 2 (no sharding) is them:
+    no world gives both. `fewest_processes` named 4 (an lcm), which the refusal refused with 'run it on 2', where
+    expert_parallel_degree's line said 'run it on 4'. Now the count is the expert degree's, and there the line names
+    the key to remove, not a count."""
+    from run_helpers import BASE
+
+    from pretrain_cli.config.one_process import fewest_processes
+    from pretrain_cli.config.parser import parse_config
+
+    keys = ["--expert_parallel_degree", "4", "--data_parallel_degree", "2"]
+    assert fewest_processes(parse_config(None, [*BASE, *keys])) == (4, "4 data ranks for expert_parallel_degree 4")
+    with pytest.raises(UserError) as e:
+        resolve_run(*keys, world=4, model="micro-qwen3-moe")
+    assert str(e.value) == ("data_parallel_degree: 2, but 4 processes give 4 data ranks; no process count gives 2 "
+                            "with expert_parallel_degree 4: remove the key (the data ranks are computed from the world "
+                            "size and the other degrees)")
+
+
+def test_paddlenlp_counts_the_sharding_degree_without_a_stage_too():
+    """PaddleNLP's data_parallel_degree is world // (sharding_parallel_degree x tp x sep x cp x pp), the sharding
+    degree counted without a `sharding` stage as well: `data_parallel_degree: 2` beside `sharding_parallel_degree: 2`
+    on 4 processes is its dp, and was refused ('give 4 data ranks')."""
+    run = resolve_run("--data_parallel_degree", "2", "--sharding_parallel_degree", "2", world=4)
+    assert run.parallel.data_world_size == 4
+
+
+def test_no_line_follows_a_refused_degree():
+    """A degree refused before is reset to 1, and the stated degree's line then named a count for that other layout
+    (tensor_parallel_degree 3 on 4 processes: 'give 4 data ranks; run it on 2 processes'): only the degree's line."""
+    with pytest.raises(UserError) as e:
+        resolve_run("--tensor_parallel_degree", "3", "--data_parallel_degree", "2", world=4)
+    assert str(e.value) == "tensor_parallel_degree: 3 does not divide the world size 4; use a divisor of it"
+    with pytest.raises(UserError) as e:
+        resolve_run("--expert_parallel_degree", "4", "--data_parallel_degree", "2", world=2, model="micro-qwen3-moe")
+    assert str(e.value).startswith("expert_parallel_degree: 4 does not divide the 2 data ranks")
+    assert "data_parallel_degree" not in str(e.value)

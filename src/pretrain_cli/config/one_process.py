@@ -12,22 +12,23 @@ from pretrain_cli.errors import Problems
 
 def fewest_processes(args) -> tuple[int, str]:
     """(the fewest processes the file's parallel keys run on, the degrees that make it, e.g. "pipeline_parallel_degree
-    2 x 4 data ranks for expert_parallel_degree 4 and sharding_parallel_degree 4"): tp x pp x sep x cp x the data
-    ranks, which expert_parallel_degree and, under a sharding stage, sharding_parallel_degree must divide, and which a
-    stated data-parallel degree gives (`stated_data_parallel`; the least common multiple of them: `config.parallel`
-    refuses a world they do not divide, or that does not give the stated one). (1, "") for a file without them."""
+    2 x 4 data ranks for expert_parallel_degree 4 and sharding_parallel_degree 4"): tp x pp x sep x cp x the fewest
+    data ranks that pass (`least_data_ranks`, the rule `config.parallel` refuses a world by, so the launch named is
+    one that passes). A stated data-parallel degree no count gives with the other keys is left out (its refusal says
+    to remove it). (1, "") for a file without them."""
     t = args.training
     axes = [(k, max(getattr(t, k), 1)) for k in ("tensor_parallel_degree", "pipeline_parallel_degree",
                                                  "sep_parallel_degree", "context_parallel_degree")]
-    data = [("expert_parallel_degree", max(t.expert_parallel_degree, 1))]  # (key, degree, the data ranks it takes)
+    ranks = least_data_ranks(args)
+    held = ranks is not None
+    if not held:
+        ranks = least_data_ranks(args, stated=False)
     sharding = max(t.sharding_parallel_degree, 1) if t.sharding.strip() else 1
-    data = [(k, d, d) for k, d in [*data, ("sharding_parallel_degree", sharding)]]
-    for key, stated in stated_data_parallel(args):  # its data ranks, or its dp x the sharding group (PaddleNLP's)
-        data.append((key, stated, stated if stated % sharding == 0 else stated * sharding))
-    ranks = math.lcm(*(n for _, _, n in data))
+    data = [("expert_parallel_degree", max(t.expert_parallel_degree, 1)), ("sharding_parallel_degree", sharding),
+            *(stated_data_parallel(args) if held else [])]
     parts = [f"{k} {d}" for k, d in axes if d > 1]
     if ranks > 1:
-        parts.append(f"{ranks} data ranks for {' and '.join(f'{k} {d}' for k, d, _ in data if d > 1)}")
+        parts.append(f"{ranks} data ranks for {' and '.join(f'{k} {d}' for k, d in data if d > 1)}")
     return math.prod(d for _, d in axes) * ranks, " x ".join(parts)
 
 
@@ -35,7 +36,7 @@ def stated_data_parallel(args) -> list[tuple[str, int]]:
     """The data-parallel degrees the file states above 1 (PaddleNLP's `data_parallel_degree`, PaddleFormers'
     `data_parallel_size`: keys without effect, the data ranks computed as PaddleNLP computes them), as (key, degree);
     a value that is not a whole number is left to the key's note. `config.parallel` refuses a world that does not give
-    one, and `fewest_processes` counts it, so the launch it names is one that passes."""
+    one (`stated_unmet`), and `fewest_processes` counts it, so the launch it names is one that passes."""
     out = []
     for key in ("data_parallel_degree", "data_parallel_size"):
         try:
@@ -45,6 +46,44 @@ def stated_data_parallel(args) -> list[tuple[str, int]]:
         if stated > 1:
             out.append((key, stated))
     return out
+
+
+def data_parallel_degree(args, ranks: int, sharding_key: int | None = None) -> int | None:
+    """PaddleNLP's data_parallel_degree for `ranks` data ranks (world / (tp x pp x sep x cp)), as its
+    TrainingArguments computes it: world // (sharding_parallel_degree x tp x sep x cp x pp), so ranks / the sharding
+    degree, which counts without a sharding stage too (its ranks then data-parallel ranks keeping the whole optimizer
+    state) and under a stage with -1 is every data rank (here 0 too: `config.parallel` reads it so), leaving dp 1.
+    None where that degree does not divide the ranks (fleet's topology would not fit the world). `sharding_key`: a
+    sharding_parallel_degree to ask about in place of the file's."""
+    t = args.training
+    key = t.sharding_parallel_degree if sharding_key is None else sharding_key
+    sharding = ranks if t.sharding.strip() and key in (-1, 0) else max(key, 1)
+    return None if ranks % sharding else ranks // sharding
+
+
+def stated_unmet(args, ranks: int, sharding_key: int | None = None) -> list[tuple[str, int, int | None]]:
+    """(key, stated degree, PaddleNLP's dp) of each data-parallel degree the file states that `ranks` data ranks do
+    not give: the one rule `config.parallel`'s refusal and `least_data_ranks` (the process counts named) share. A
+    stated degree is given where it is PaddleNLP's dp (`data_parallel_degree`) or the data ranks themselves, dp x
+    sharding (what a PaddleFormers file's `data_parallel_size` counts)."""
+    dp = data_parallel_degree(args, ranks, sharding_key)
+    return [(k, d, dp) for k, d in stated_data_parallel(args) if d not in (dp, ranks)]
+
+
+def least_data_ranks(args, stated: bool = True) -> int | None:
+    """The fewest data ranks the file's keys run on: a multiple of expert_parallel_degree and, under a sharding
+    stage, of sharding_parallel_degree (`config.parallel` refuses a world they do not divide), giving (`stated`)
+    every stated data-parallel degree (`stated_unmet`); None where no count gives them all (a stated 2 with
+    expert_parallel_degree 4: the refusal then names the key to remove, not a count)."""
+    t = args.training
+    sharding = max(t.sharding_parallel_degree, 1)
+    step = math.lcm(max(t.expert_parallel_degree, 1), sharding if t.sharding.strip() else 1)
+    wanted = [d for _, d in stated_data_parallel(args)] if stated else []
+    # a stated d is given at d or d x sharding data ranks only: the search stops past the largest of them
+    for ranks in range(step, step * math.prod(wanted) * sharding + 1, step):
+        if not (wanted and stated_unmet(args, ranks)):
+            return ranks
+    return None
 
 
 def _launch_words(need: int, device: str) -> str:

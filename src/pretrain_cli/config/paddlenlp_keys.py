@@ -29,10 +29,12 @@ from pretrain_cli.config.pipeline import PP_FLAGS
 from pretrain_cli.counts import count
 from pretrain_cli.errors import UserError
 
-# data_parallel_degree's and data_parallel_size's (`config.parallel`'s refusal; one process checks a file for many)
+# data_parallel_degree's and data_parallel_size's (`config.parallel`'s refusal, by `one_process.stated_unmet`'s rule;
+# one process checks a file for many)
 DATA_RANKS_COMPUTED = ("computed from the world size and the other degrees; a value above 1 that they do not give is "
                        "refused on more than one process (the run would train on another global batch than the "
-                       "file's)")
+                       "file's): given as PaddleNLP's dp, world / (sharding_parallel_degree x tp x sep x cp x pp), "
+                       "or as the data ranks, dp x sharding")
 # key -> (PaddleNLP's default, why it has no effect here)
 PADDLENLP_IGNORED = {
     "model_type": ("llama", "the legacy llm/llama/run_pretrain.py's model class; here config.json's model_type "

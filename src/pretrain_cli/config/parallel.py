@@ -11,7 +11,8 @@ from dataclasses import replace
 
 from pretrain_cli.config.context import context_degree, context_fits
 from pretrain_cli.config.expert import expert_degree, paddlenlp_expert_parallel
-from pretrain_cli.config.one_process import one_process_notes, stated_data_parallel
+from pretrain_cli.config.one_process import (least_data_ranks, one_process_notes, stated_data_parallel,
+                                              stated_unmet)
 from pretrain_cli.config.parser import Arguments
 from pretrain_cli.config.pipeline import resolve_pipeline
 from pretrain_cli.config.refusals import Degrees, refusals
@@ -42,29 +43,42 @@ def degree(value: int) -> int:
     return max(value, 1)
 
 
-def _stated_data_ranks(args: Arguments, world: int, degrees: dict, auto_sharding: bool, problems: Problems) -> None:
+def _stated_data_ranks(args: Arguments, world: int, degrees: dict, runs, problems: Problems) -> None:
     """A data-parallel degree the file states (PaddleNLP's `data_parallel_degree`, PaddleFormers' `data_parallel_size`:
-    keys without effect, the data ranks being computed as PaddleNLP computes them) that this layout does not give is
-    refused: the run would train on other data ranks, so on another global batch, than the file says. The run's dp
-    (PaddleNLP's: world / (sharding x tp x pp x cp)) and its data ranks (dp x sharding) both match; -1/0/1 are the
-    keys' defaults (`one_process.stated_data_parallel`). Said with the processes the stated degree would take, or,
-    where the sharding group takes every data rank (`sharding_parallel_degree` -1), the sharding degree that leaves
-    it (`auto_sharding`)."""
-    others = 1
-    for d in degrees.values():
-        others *= d
-    for key, stated in stated_data_parallel(args):
-        dp = world // others
-        if stated in (dp, dp * degrees["sharding"]):
-            continue
-        axes = " x ".join(f"{n} {d}" for n, d in degrees.items() if d > 1)
-        ranks = dp * degrees["sharding"]
-        instead = (f"set sharding_parallel_degree: {ranks // stated} (ZeRO over the rest), " if auto_sharding
-                   and ranks % stated == 0 else "")
+    keys without effect here, the data ranks computed from the world and the other degrees) that this layout does not
+    give is refused: the run would train on other data ranks, so on another global batch, than the file says. One rule,
+    `one_process.stated_unmet`, which `fewest_processes` counts by too: given where it is PaddleNLP's dp, world //
+    (sharding_parallel_degree x tp x sep x cp x pp), its sharding degree counted without a stage as well, or the data
+    ranks, dp x sharding. The line names only fixes that rule passes: under a stage, the sharding degree that leaves
+    the stated dp; the fewest processes that give it (`least_data_ranks`); else removing the key, and only where
+    `runs(sharding, data ranks)` (no `config.refusals` row refuses them). `degrees`: the layout's tp, pp and cp, none
+    refused (a refused degree's reset would make the advice wrong: this is not asked then)."""
+    t = args.training
+    others = degrees["tp"] * degrees["pp"] * degrees["cp"]
+    ranks, least, stage = world // others, least_data_ranks(args), bool(t.sharding.strip())
+    zero = (least if t.sharding_parallel_degree in (-1, 0) else max(t.sharding_parallel_degree, 1)) if stage else 1
+    refused = least is not None and not runs(zero, least)  # (a count an engine limit refuses there is not named)
+    for key, stated, dp in stated_unmet(args, ranks):
+        axes = " x ".join(f"{n} {d}" for n, d in {**degrees, "sharding": ranks // dp if dp else 1}.items() if d > 1)
+        fixes = []
+        sharding = ranks // stated
+        if stage and ranks % stated == 0 and sharding > 1 and not stated_unmet(args, ranks, sharding) and runs(
+                sharding, ranks):
+            fixes.append(f"set sharding_parallel_degree: {sharding} (ZeRO over the rest)")
+        if least is not None and not refused:
+            fixes.append(f"run it on {least * others} processes (`check --world_size {least * others}`)")
+        if refused:
+            why = f"on {least * others} processes, which give it, this layout is refused"
+        else:  # (no count gives it: the keys it is held against)
+            keys = [f"{k} {d}" for k, d in (("expert_parallel_degree", max(t.expert_parallel_degree, 1)),
+                                            ("sharding_parallel_degree", max(t.sharding_parallel_degree, 1)
+                                             if stage else 1)) if d > 1]  # (they divide the data ranks)
+            keys += [f"{k} {d}" for k, d in stated_data_parallel(args) if k != key]
+            why = f"no process count gives {stated}" + (f" with {' and '.join(keys)}" if keys else "")
+        advice = f"{', '.join(fixes)}, or remove the key" if fixes else f"{why}: remove the key"
         problems.add(f"{key}: {stated}, but {count(world, 'process')}{f' / ({axes})' if axes else ''} give "
-                     f"{count(dp, 'data rank')}; {instead}run it on {stated * others} processes (`check "
-                     f"--world_size {stated * others}`), or remove the key (the data ranks are computed from the "
-                     f"world size and the other degrees)")
+                     f"{count(dp or ranks, 'data rank')}; {advice} (the data ranks are computed from the world size "
+                     f"and the other degrees)")
 
 
 def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, problems: Problems) -> ParallelConfig:
@@ -72,6 +86,7 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
     virtual pp, cp, ep, the data ranks and the sharding group), the ZeRO stage, sequence parallelism and whether
     the vocabulary is split; on one process the notes on what its parallel keys do there (`one_process`)."""
     t, world = args.training, target.world_size
+    before = len(problems.items)  # (a stated data-parallel degree is judged only on a layout without refusals)
     stage, offload = problems.run(parse_sharding, t.sharding) or (0, False)
     tp, pp = degree(t.tensor_parallel_degree), degree(t.pipeline_parallel_degree)
     sep, cp = degree(t.sep_parallel_degree), degree(t.context_parallel_degree)
@@ -116,8 +131,6 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
         notes.append(f"sharding_parallel_degree: {t.sharding_parallel_degree} has no effect without a sharding stage "
                      f"(sharding is {t.sharding!r}): its ranks are data-parallel ranks, each holding the whole "
                      f"optimizer state")
-    _stated_data_ranks(args, world * pp, dict(tp=tp, pp=pp, cp=cp, sharding=sharding),
-                       bool(stage) and t.sharding_parallel_degree in (-1, 0), problems)
     moe = model_cfg.model_type if model_cfg.expert_layers else ""  # (an MTP module's experts count)
     layout = Degrees(tp=tp, pp=pp, cp=cp, sep=sep, stage=stage, sharding=sharding, data=rest, sp=sp, moe=moe,
                      mla=model_cfg.model_type if model_cfg.mla else "", device=target.device)
@@ -127,10 +140,12 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
     asked = implied if implied > 1 else max(t.expert_parallel_degree, 1)
     for line in refusals(replace(layout, ep=asked)):
         problems.add(line)  # what no engine here runs: config.refusals' table
+    quiet = len(problems.items) > before  # a degree refused (or reset to 1) before the sequence check
     if sp and args.data.max_seq_length % (tp * cp):
         each = f" (each of the {cp} cp ranks holds {args.data.max_seq_length // cp})" if cp > 1 else ""
         problems.add(f"sequence_parallel: max_seq_length {args.data.max_seq_length}{each} is not divisible by "
                      f"tensor_parallel_degree {tp}; use a multiple of {tp * cp}")
+    mark = len(problems.items)
     if offload and target.device == "cpu":
         notes.append("sharding: offload moves optimizer state to host memory, which is where it already is on cpu; "
                      "no effect")
@@ -139,6 +154,9 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
                      "fleet); ignored, and plan does not count it")
     ep = expert_degree(args, model_cfg, rest, tp, pp, cp, stage if sharding * cp > 1 else 0, problems,
                        implied if implied > 1 else None)
+    if not quiet and len(problems.items) == mark:  # (nor after expert_parallel_degree's refusal)
+        _stated_data_ranks(args, world * pp, dict(tp=tp, pp=pp, cp=cp), lambda shards, data: not refusals(
+            replace(layout, sharding=shards, data=data, ep=ep)), problems)
     # routed experts over expert groups, or multi-head latent attention without ZeRO-3: the `tp` step's split, not
     # semi-auto's (MLA's tp with ZeRO-3 runs on the semi-auto engine, whose placements shard the parameters)
     zero3 = stage == 3 and sharding * cp > 1
