@@ -114,8 +114,11 @@ def test_the_cross_node_link_is_the_devices_generations_unless_given():
 def test_small_traffic_is_left_out_and_the_total_is_in_the_parts_unit(monkeypatch):
     """A CPU try-out printed '= 0.92 min + traffic 0.00 min (...) = 0.02 h (0.9 min)': a traffic part under 0.5 %
     of the time is left out, and a total under an hour is in minutes, as its parts; under a minute (this one's,
-    at this machine's assumed peak) in seconds, not '0.13 min'."""
+    at a fixed assumed peak: 332 GFLOP/s, a 2-core AVX-512 host's, so the bound is no machine's) in seconds, not
+    '0.13 min'."""
     monkeypatch.setattr(hardware, "cpu_memory_gib", lambda: 64.0)  # (it fits whatever this machine has)
+    monkeypatch.setattr(hardware, "cpu_peak_tflops", lambda *a, **k: (
+        0.332, f"{hardware.ASSUMED_PEAK} of 332.0 GFLOP/s = 2 core(s) x 2.59 GHz x 64 FLOP/cycle (avx512f)"))
     monkeypatch.setattr(hardware, "host_available_gib", lambda *a, **k: (64.0, "MemAvailable"))
     r = from_file(str(CONFIGS / "tiny_cpu.json"), ["--max_steps", "2000", "--sharding", "stage1"], device="cpu", gpus=2)
     assert 0 < r.eta_traffic_hours < 0.005 * r.eta_hours < r.eta_hours < 1 / 60
