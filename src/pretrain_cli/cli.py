@@ -279,8 +279,8 @@ def _main(argv: list[str] | None, prog: str | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as e:  # the system refused (disk full, permissions, ...): not a bug, not the user's input
-        if e.errno is None and collective_failure(e):  # gloo's reaction to a lost peer (Paddle's `(External)`
-            raise  # OSError, no errno): as the branch below says it, not as this rank's own end
+        if e.errno is None and _peer_lost(e):  # gloo's reaction to a lost peer (Paddle's `(External)` OSError,
+            raise  # no errno): as the branch below says it, not as this rank's own end
         if debug:
             traceback.print_exc()
         print(f"error: {os_error_line(e)}", file=sys.stderr)
@@ -290,6 +290,18 @@ def _main(argv: list[str] | None, prog: str | None = None) -> int:
             line = next(iter(str(e).strip().splitlines()), "")
             _verdict(1, "crashed", f"{type(e).__name__}: {line}".rstrip(": ")[:300])
         raise
+
+
+# an errno-less OSError's words that say a peer went away; not "nccl" or "timed out", which an NCCL setup failure of
+# this rank (its /dev/shm full) or a socket's own timeout says too: those are this rank's system end
+PEER_LOST = ("reset by peer", "closed by peer", "broken pipe", "gloo/transport/tcp")
+
+
+def _peer_lost(e: OSError) -> bool:
+    """Whether an OSError without an errno is the collective library's word that a peer is gone (Paddle raises
+    gloo's `Connection reset by peer` so under the semi-auto engine), a narrower test than `collective_failure`."""
+    text = str(e).lower()
+    return any(words in text for words in PEER_LOST)
 
 
 def _verdict(code: int, kind: str, line: str) -> int:

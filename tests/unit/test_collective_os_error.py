@@ -40,3 +40,18 @@ def test_a_system_error_that_names_gloo_is_still_the_systems(monkeypatch, tmp_pa
     rec = json.loads((tmp_path / "rank-0.json").read_text())
     assert (rec["kind"], rec["exit"]) == ("system", 1)
     assert "error: /data/gloo_corpus/out/checkpoint-4: No space left on device" in capsys.readouterr().err
+
+
+NCCL_SETUP = ("(External) NCCL error(2), unhandled system error (run with NCCL_DEBUG=INFO for details). Detail: Error "
+              "while creating shared memory segment /dev/shm/nccl-x (size 9637888)")
+
+
+@pytest.mark.parametrize("error", [OSError(NCCL_SETUP), TimeoutError("timed out")], ids=["nccl-setup", "timeout"])
+def test_an_os_error_without_peer_loss_words_is_this_ranks_system_end(monkeypatch, tmp_path, capsys, error):
+    """Only a lost peer's words (reset or closed by peer, a broken pipe, gloo's tcp transport) make an errno-less
+    OSError the collective library's: an NCCL setup failure on this rank (/dev/shm full) or a socket's timeout was
+    raised unrecorded, with a traceback, since 4c7293b5 matched every 'nccl' and 'timed out'."""
+    assert _main_raising(monkeypatch, tmp_path, error)() == cli.OS_ERROR_EXIT_CODE
+    rec = json.loads((tmp_path / "rank-0.json").read_text())
+    assert (rec["kind"], rec["exit"]) == ("system", 1)
+    assert "error: " in capsys.readouterr().err
