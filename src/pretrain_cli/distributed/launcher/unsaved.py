@@ -41,17 +41,17 @@ def settle(pids) -> None:
         time.sleep(0.02)
 
 
-def clause(writing: dict | None, named: list, output_dir, host: dict | None = None) -> str:
+def clause(writing: dict | None, named: list, output_dir, host: dict | None = None, seen: tuple | None = None) -> str:
     """The words added after the ranks a verdict names (`named`) for `writing` ({str(rank): the checkpoint step its
     background write writes}, `verdict.with_writes`), `host` being the host's ranks ({rank: pid}): ", with its
     background write of checkpoint-6 unfinished: checkpoint-6 was not saved" when a named rank was writing, "; the
     background write of checkpoint-6 (rank 0) was cut short: checkpoint-6 was not saved" when only other ranks of its
     host were; "" when nothing was in flight, or what was is published in `output_dir` by now. Where it may still be
     published (`_final`): "... under way: checkpoint-6 was not published when this line was written (rank 0 may still
-    publish it)"."""
+    publish it)". `seen`: `states` of the same write, looked at once for the whole line (`resume_advice` too)."""
     if not writing:
         return ""
-    by_rank, final, lost = _states(writing, output_dir, host)
+    by_rank, final, lost = seen or states(writing, output_dir, host)
     if not lost:
         return ""
     gone, pending = [s for s in lost if s in final], [s for s in lost if s not in final]
@@ -69,16 +69,18 @@ def clause(writing: dict | None, named: list, output_dir, host: dict | None = No
 
 
 def resume_advice(writing: dict | None, host: dict | None, output_dir, overwrite: bool = False,
-                  resume_from=None) -> str | None:
+                  resume_from=None, seen: tuple | None = None) -> str | None:
     """What follows "re-run the same command: " where a checkpoint of `writing` may still be published (`clause`'s
     "rank 0 may still publish it"): "it resumes from the newest complete checkpoint (out/checkpoint-6 if rank 0
     publishes it, else out/checkpoint-3)". The re-run takes the newest published one (`rerun.NEWEST`), not known
     yet: `rerun.resumes`'s one checkpoint, beside "may still publish it", was wrong if rank 0 published. None where
     the re-run's start does not hang on it (nothing pending; resume_from_checkpoint or overwrite_output_dir decides;
-    a checkpoint as new published meanwhile): `rerun.resumes` then."""
+    a checkpoint as new published meanwhile): `rerun.resumes` then. `seen`: the `states` `clause` said the line's
+    words by: looked at again, rank 0 dying in between made the advice contradict them (not saved, yet "if rank 0
+    publishes it")."""
     if not writing or not output_dir or rerun.judge(overwrite, resume_from, output_dir) != rerun.NEWEST:
         return None
-    _, final, lost = _states(writing, output_dir, host)
+    _, final, lost = seen or states(writing, output_dir, host)
     pending = [s for s in lost if s not in final]
     try:
         published = run_dir.list_checkpoints(output_dir)
@@ -94,9 +96,10 @@ def resume_advice(writing: dict | None, host: dict | None, output_dir, overwrite
     return f"it resumes from the newest complete checkpoint ({maybe}, {otherwise})"
 
 
-def _states(writing: dict, output_dir, host: dict | None) -> tuple[dict, set, list]:
+def states(writing: dict, output_dir, host: dict | None) -> tuple[dict, set, list]:
     """({rank: step} of `writing`, the steps nothing can publish any more, the steps not published), looked at in
-    that order (`_final` before `_published`: see `_final`)."""
+    that order (`_final` before `_published`: see `_final`). A watcher's line looks once and hands the result to
+    `clause` and `resume_advice`, so its two halves say one state of the host."""
     by_rank = {int(r): int(step) for r, step in writing.items()}
     final = _final(by_rank, output_dir, host)
     return by_rank, final, sorted({step for step in by_rank.values() if not _published(output_dir, step)})

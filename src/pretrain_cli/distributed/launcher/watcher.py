@@ -334,13 +334,13 @@ class Watcher:
         elsewhere = ", ".join(f"rank {r} on {h}" for r, h in sorted(self.remote.items())[:4])
         return elsewhere + (", …" if len(self.remote) > 4 else "")
 
-    def _named(self, cause: dict) -> str:
+    def _named(self, cause: dict, seen: tuple | None = None) -> str:
         """The ranks `cause` names and what became of them: `rank R (pid P on H) died: killed by SIGKILL`; then the
-        background checkpoint writes the stop leaves unsaved (`unsaved.clause`)."""
+        background checkpoint writes the stop leaves unsaved (`unsaved.clause`, by `seen`: `_line`'s one look)."""
         causes, statuses, elsewhere = cause["ranks"], cause["statuses"], self._elsewhere()
         # (the loss of a rank elsewhere names no rank of this host as its cause: any write here is one cut short)
         lost = unsaved.clause(cause.get("writing"), [] if cause["kind"] == "lost" else causes, self.output[0],
-                              self.ranks)
+                              self.ranks, seen)
         if cause["kind"] == "lost":
             named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) "
                               + ("was aborted by the collective library" if (st or 0) & 0x7F == signal.SIGABRT
@@ -359,9 +359,13 @@ class Watcher:
         return named + lost
 
     def _line(self, cause: dict, own: bool = False) -> str:
-        causes, statuses, named = cause["ranks"], cause["statuses"], self._named(cause)
+        writing = cause.get("writing")
+        # the writes' state looked at once for the line: asked twice, rank 0 dying in between made `named` say "not
+        # saved" and the advice "if rank 0 publishes it"
+        seen = unsaved.states(writing, self.output[0], self.ranks) if writing else None
+        causes, statuses, named = cause["ranks"], cause["statuses"], self._named(cause, seen)
         # where rank 0 may still publish a write (`named` says so), the re-run takes it if it does: both named
-        both = unsaved.resume_advice(cause.get("writing"), self.ranks, *self.output)
+        both = unsaved.resume_advice(writing, self.ranks, *self.output, seen=seen)
         to = f": {both}" if both else f" to {rerun.resumes(*self.output)}"  # (as output_dir holds it now)
         if cause["kind"] == "lost":  # the cause is elsewhere: its node's log, not this host's, says what it was
             lead, stop = ("", "") if self.me in causes or own else (f"rank {self.me}: ", "; this rank stops too")
