@@ -32,6 +32,20 @@ def aux_coefficient(args, model_cfg) -> float:
     return float(model_cfg.router_aux_loss_coef or 0.0)
 
 
+def both_weights_note(args, model_cfg) -> str | None:
+    """The note for a DeepSeek config.json that gives its balance weight under both names at two values
+    (`aux_coefficient` takes aux_loss_alpha's): a new model's file is refused so (`models.config_checks`), but
+    pretrained weights' is read as it is, and the run must say which of the two it trains with."""
+    if args.model.router_aux_loss_coef is not None or model_cfg.model_type not in DEEPSEEK_ALPHA:
+        return None
+    alpha, coef = (model_cfg.extra.get(k) for k in ("aux_loss_alpha", "router_aux_loss_coef"))
+    if alpha is None or coef is None or alpha == coef:
+        return None
+    return (f"config.json: aux_loss_alpha ({alpha}) and router_aux_loss_coef ({coef}) both set DeepSeek's balance "
+            f"loss weight (the hub's and PaddleFormers' name of it); the run takes {float(alpha):g}, "
+            f"aux_loss_alpha's (the hub's name); set router_aux_loss_coef in the argument file for another")
+
+
 def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> MoeConfig:
     m = args.model
     moe_model = model_cfg is not None and bool(model_cfg.expert_layers)  # an MTP module's experts count
@@ -90,6 +104,8 @@ def resolve_moe(args, model_cfg, parallel, notes: list, problems: Problems) -> M
         notes.append(f"moe_router_bias_update_rate: {rate} (DeepSeek-V3's γ, the default for its noaux_tc routing; "
                      f"set 0 to freeze the checkpoint's e_score_correction_bias)")
     aux = aux_coefficient(args, model_cfg) if moe_model else m.router_aux_loss_coef
+    if moe_model and (both := both_weights_note(args, model_cfg)):
+        notes.append(both)
     return MoeConfig(aux_loss_coef=aux, aux_loss_scope=scope,
                      z_loss_coef=m.router_z_loss_coef, bias_update_rate=rate,
                      capacity_factor=m.capacity_factor, mtp_loss_weight=mtp_weight(args, model_cfg, problems))

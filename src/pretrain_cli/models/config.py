@@ -21,11 +21,10 @@ from pretrain_cli.models.families import family
 MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
             "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
             "output_router_logits")
-# DeepSeek's MoE keys (`models.deepseek_moe`), written only for deepseek_v2/v3; and the MoE keys it does not have
+# DeepSeek's MoE keys (`models.deepseek_moe`), written only for deepseek_v2/v3 (which keys of another family a
+# family does not read: `config_checks.OTHER_FAMILIES_KEYS`, the one table of them)
 DEEPSEEK_MOE_KEYS = ("n_shared_experts", "first_k_dense_replace", "n_group", "topk_group", "routed_scaling_factor",
                      "topk_method")
-NOT_DEEPSEEK_KEYS = ("shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
-                     "router_aux_loss_coef")
 # what `from_dict` takes from a config.json and keeps out of `extra`: qk_head_dim, transformers derives it under
 # MLA (and writes it); quantization_config, FP8 weights are dequantized on load (`training.weight_source`, block by
 # block), so what this config describes is never FP8
@@ -237,26 +236,24 @@ class ModelConfig:
             del out["mlp_bias"]
         if self.model_type == "qwen2_moe":  # q/k/v bias is its `qwen2_moe` key (kept in extra); o/MLP have none
             del out["attention_bias"], out["mlp_bias"]
-        fam = family(self.model_type)
-        if not fam.moe:  # a dense config.json stays exactly as before
+        if not family(self.model_type).moe:  # a dense config.json stays exactly as before
             for key in MOE_KEYS:
                 del out[key]
-        elif not fam.shared_expert:
-            del out["shared_expert_intermediate_size"]
         if not self.mla:  # the MLA and DeepSeek-MoE keys mean nothing to the other families
             for name in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                          "rope_interleave") + DEEPSEEK_MOE_KEYS:
                 del out[name]
         else:
-            for name in NOT_DEEPSEEK_KEYS:
-                out.pop(name, None)
             out["n_routed_experts"] = out.pop("num_experts")  # DeepSeek's name (transformers reads both)
         if self.model_type != "deepseek_v3":  # multi-token prediction is DeepSeek-V3's key
             del out["num_nextn_predict_layers"]
         if self.model_type == "deepseek_v2":  # V2's RoPE is always interleaved: no key for it
             del out["rope_interleave"]
-        out.update({k: v for k, v in extra.items() if k in config_checks.OTHER_FAMILIES_KEYS.get(self.model_type, ())})
-        out.setdefault("use_cache", True)  # (another family's MoE keys, taken into extra, kept as they are)
+        unread = config_checks.OTHER_FAMILIES_KEYS.get(self.model_type, {})  # another family's MoE keys: never the
+        for name in unread:  # field of that name (its default), the file's value kept in extra, as it was
+            out.pop(name, None)
+        out.update({k: v for k, v in extra.items() if k in unread})
+        out.setdefault("use_cache", True)
         return out
 
     # ------------------------------------------------------------------ checks

@@ -229,8 +229,11 @@ def _balance_weight(value, key: str, source: str) -> None:
                         f"loss's weight: fix it (the published models have 0.001)")
 
 
-# the MoE keys of the other families, which transformers' class for this one does not read: (the values that change
-# nothing, or None: none refused; what the family has instead)
+# The one table of the MoE keys of the other families that transformers' class for each family does not read: per
+# family, each key's (the values that change nothing, or None: none refused; what the family has instead).
+# `other_families_keys` takes them out of the fields into `ModelConfig.extra` and `ModelConfig.to_hf_dict` writes
+# them back as they were (never the field of that name), so the model built, counted, checkpointed and exported is
+# the one transformers' class reads from the same file.
 _SPARSE = "its layers from first_k_dense_replace on are all sparse: remove it and set first_k_dense_replace"
 _DEEPSEEK_INSTEAD = {
     "decoder_sparse_step": ((None, 1), _SPARSE), "mlp_only_layers": ((None, []), _SPARSE),
@@ -239,10 +242,30 @@ _DEEPSEEK_INSTEAD = {
                                                    "each: remove it and set n_shared_experts"),
     "router_aux_loss_coef": (None, ""),  # PaddleFormers' name of its balance weight: read, never refused
 }
+_NO_SHARED = ("qwen3_moe has no shared expert, in transformers' Qwen3MoeForCausalLM as here: remove it, or use "
+              "model_type qwen2_moe (one gated shared expert of shared_expert_intermediate_size)")
+_TOP_K = "its router keeps the top num_experts_per_tok of a softmax over every expert"
+
+
+def _qwen_instead(shared: str) -> dict:
+    """DeepSeek's MoE keys in a Qwen2-/Qwen3-MoE file: transformers' Qwen classes read none of them."""
+    return {
+        "first_k_dense_replace": ((None, 0), "its dense layers are the ones mlp_only_layers names (or "
+                                             "decoder_sparse_step skips): remove it and list them in mlp_only_layers"),
+        "n_shared_experts": ((None, 0), shared),
+        "topk_method": ((None, "greedy"), f"{_TOP_K} (DeepSeek's greedy): remove it; the argument file's "
+                                          f"moe_router_bias_update_rate turns a balancing bias on"),
+        "n_group": ((None, 1), f"{_TOP_K}, in no groups: remove it"),
+        "topk_group": ((None, 1), f"{_TOP_K}, in no groups: remove it"),
+        "routed_scaling_factor": ((None, 1), "its combine weights are the router's probabilities, unscaled "
+                                             "(norm_topk_prob renormalises them): remove it"),
+    }
+
+
 OTHER_FAMILIES_KEYS = {
-    "qwen3_moe": {"shared_expert_intermediate_size": (
-        (None, 0), "qwen3_moe has no shared expert, in transformers' Qwen3MoeForCausalLM as here: remove it, or use "
-                   "model_type qwen2_moe (a gated shared expert of that width)")},
+    "qwen3_moe": {"shared_expert_intermediate_size": ((None, 0), _NO_SHARED), **_qwen_instead(_NO_SHARED)},
+    "qwen2_moe": _qwen_instead("its shared expert is one gated expert of shared_expert_intermediate_size: remove "
+                               "it and set that width"),
     "deepseek_v2": _DEEPSEEK_INSTEAD,
     "deepseek_v3": _DEEPSEEK_INSTEAD,
 }
@@ -251,9 +274,11 @@ OTHER_FAMILIES_KEYS = {
 def other_families_keys(d: dict, model_type: str, source: str, pretrained: bool) -> dict:
     """Takes out of `d` (for `ModelConfig.extra`) the MoE keys of `OTHER_FAMILIES_KEYS`, which shaped the model
     here (a DeepSeek `decoder_sparse_step` made other layers sparse than the export's transformers class does, a
-    Qwen3-MoE `shared_expert_intermediate_size` made check count a shared expert never built) where transformers
-    ignores them. A new model's file setting one to a value that would change something is refused, naming the
-    family's own key; pretrained weights' config.json is read as transformers reads it."""
+    Qwen3-MoE `shared_expert_intermediate_size` made check count a shared expert never built, a Qwen file's
+    `first_k_dense_replace` made its first layers dense) where transformers ignores them. A new model's file setting
+    one to a value that would change something is refused, naming the family's own key; pretrained weights'
+    config.json is read as transformers reads it (and so is every checkpoint's and final directory's: their
+    config.json describes weights, and holds the keys a run from pretrained weights was given)."""
     taken = {key: d.pop(key) for key in OTHER_FAMILIES_KEYS.get(model_type, {}) if key in d}
     for key, (inert, instead) in OTHER_FAMILIES_KEYS.get(model_type, {}).items():
         if key in taken and not pretrained and inert is not None and taken[key] not in inert:

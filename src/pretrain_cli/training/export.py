@@ -127,7 +127,7 @@ def export_checkpoint(src: Path, out: Path, dtype: str,
         find_weights(src)
         if (lost := lost_index_note(src)) is not None:  # (a checkpoint whose weights are whole without its index)
             print(lost, file=sys.stderr)
-    cfg = ModelConfig.from_file(str(src))
+    cfg = ModelConfig.from_file(str(src), pretrained=True)  # (its weights' config.json: read as they are)
     paddle = runtime.import_paddle()
     from pretrain_cli.models import build_model
     from pretrain_cli.ops.kernels import Kernels

@@ -24,7 +24,7 @@ def _mismatch(ckpt: CheckpointDir, model_cfg, max_seq_length: int) -> tuple[str,
     """(the reason, what a resume must keep the same: "model" or "max_seq_length"), or None."""
     from pretrain_cli.models.config import ModelConfig
 
-    saved = ModelConfig.from_file(str(ckpt))
+    saved = ModelConfig.from_file(str(ckpt), pretrained=True)  # (it describes weights: read as they are)
     for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "vocab_size", "tie_word_embeddings"):
         a, b = getattr(saved, key), getattr(model_cfg, key)
