@@ -32,3 +32,22 @@ def test_the_engine_limit_named_is_the_devices():
     assert "gloo" not in gpu
     assert ("PaddleNLP's segment parallelism (all-to-all swaps of sequence and head shards around attention) is not "
             "built here; use context_parallel_degree: 2") in gpu
+
+
+def test_the_cpu_line_says_segment_parallelism_is_not_built_on_any_device():
+    """On CPU the line named gloo's missing all-to-all only, as if a GPU run would take it."""
+    assert "is not built here on any device" in _line("--sep_parallel_degree", "2")
+
+
+def test_sequence_parallelism_under_zero3_names_the_devices_limit():
+    """The sp with ZeRO-3 line said 'which gloo lacks' on GPUs too (NCCL has reduce-scatter and all-to-all)."""
+    def sp_line(device):
+        with pytest.raises(UserError) as e:
+            resolve_run("--max_seq_length", "128", "--device", device, "--tensor_parallel_degree", "2",
+                        "--sequence_parallel", "true", "--sharding", "stage3", world=4, device=device)
+        return next(x for x in str(e.value).splitlines() if x.startswith("sequence_parallel:"))
+
+    assert "which gloo lacks (CPU's collectives)" in sp_line("cpu")
+    gpu = sp_line("gpu")
+    assert "gloo" not in gpu and "not built here" in gpu, gpu
+    assert gpu.endswith("use stage1 or stage2, or set sequence_parallel: false"), gpu

@@ -46,10 +46,10 @@ class Refusal:
 REFUSED = (
     Refusal("sep", lambda d: d.sep > 1,
             lambda d: f"sep_parallel_degree: {d.sep} is not supported: "
-                      + ("PaddleNLP's segment parallelism swaps sequence and head shards with all-to-all, which gloo "
-                         "lacks (CPU's collectives); " if d.device == "cpu" else
-                         "PaddleNLP's segment parallelism (all-to-all swaps of sequence and head shards around "
-                         "attention) is not built here; ")
+                      + "PaddleNLP's segment parallelism (all-to-all swaps of sequence and head shards around "
+                        "attention) is not built here"
+                      + (" on any device, and needs an all-to-all, which gloo lacks (CPU's collectives); "
+                         if d.device == "cpu" else "; ")
                       + (f"use context_parallel_degree: {d.sep * d.cp} in place of both (sep {d.sep} x cp {d.cp}: "
                          f"attention across the ranks) to split each sequence as the file asks" if d.cp > 1 else
                          f"use context_parallel_degree: {d.sep} (attention across the ranks) to split each sequence")),
@@ -60,8 +60,11 @@ REFUSED = (
                       f"stage1 or stage2 (the optimizer state split over cp x sharding ranks)"),
     Refusal("sp with ZeRO-3", lambda d: d.sp and d.stage == 3,
             lambda d: "sequence_parallel: not supported with sharding: stage3 (ZeRO-3 runs on the semi-auto engine, "
-                      "and its sequence-parallel plans need reduce-scatter and all-to-all, which gloo lacks); use "
-                      "stage1 or stage2, or set sequence_parallel: false"),
+                      "whose sequence-parallel plans are not built here"
+                      + (" on any device, and need reduce-scatter and all-to-all, which gloo lacks (CPU's "
+                         "collectives)" if d.device == "cpu" else "")
+                      + "; sequence parallelism here is the tp step's, on fleet's groups); use stage1 or stage2, or "
+                        "set sequence_parallel: false"),
     Refusal("pp with ZeRO-3", lambda d: d.pp > 1 and d.stage == 3,
             lambda d: f"sharding: stage3 with pipeline_parallel_degree {d.pp} is not supported (fleet's pipeline "
                       f"has no parameter sharding; docs/DISTRIBUTED.md says why); use sharding: stage1 or stage2 "
