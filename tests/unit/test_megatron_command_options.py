@@ -34,3 +34,12 @@ def test_the_prefix_of_inspect_data_is_its_positional_argument(capsys):
 def test_eval_keeps_its_own_data_option(capsys):
     lines = _error(capsys, "eval", "--model", "m", "--data-path", "x")
     assert lines == ["error: command line: `data-path` is Megatron-LM's argument; here pass --data"], lines
+
+
+def test_three_megatron_names_are_one_listed_line(capsys):
+    """Three of Megatron's tokenizer flags read '`vocab-file` and `merge-file` and `tokenizer-type` are ...'."""
+    lines = _error(capsys, "preprocess", "--input_path", "c.jsonl", "--output_prefix", "x", "--vocab-file", "v",
+                   "--merge-file", "m", "--tokenizer-type", "GPT2BPETokenizer")
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: command line: `vocab-file`, `merge-file` and `tokenizer-type` are Megatron-LM's arguments; here pass "
+        "--tokenizer DIR"), lines

@@ -103,10 +103,10 @@ def command_hint(keys, options=(), positionals=(), prog: str | None = None) -> s
     if not found:
         return None
     own = found[0][1]
-    typed = list(dict.fromkeys(key for key, theirs in found if theirs == own))
+    typed = [f"`{key}`" for key in dict.fromkeys(key for key, theirs in found if theirs == own)]
     one = len(typed) == 1
-    names = (f"{' and '.join(f'`{key}`' for key in typed)} {'is' if one else 'are'} Megatron-LM's "
-             f"argument{'' if one else 's'}")
+    listed = typed[0] if one else f"{', '.join(typed[:-1])} and {typed[-1]}"  # `a`, `b` and `c`
+    names = f"{listed} {'is' if one else 'are'} Megatron-LM's argument{'' if one else 's'}"
     if own in options:
         return f"{names}; here pass --{own}{TAKES.get(own, '')}"
     return (f"{names}; here the {own} is the positional argument, without an option name"
