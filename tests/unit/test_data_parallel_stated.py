@@ -153,3 +153,16 @@ def test_no_line_follows_a_refused_degree():
         resolve_run("--expert_parallel_degree", "4", "--data_parallel_degree", "2", world=2, model="micro-qwen3-moe")
     assert str(e.value).startswith("expert_parallel_degree: 4 does not divide the 2 data ranks")
     assert "data_parallel_degree" not in str(e.value)
+
+
+@pytest.mark.parametrize("key,world", [("data_parallel_degree", 2), ("data_parallel_size", 2),
+                                       ("data_parallel_degree", 1)])
+def test_the_note_of_a_stated_degree_is_true_whether_or_not_the_run_gives_it(key, world):
+    """`check g.json --data_parallel_degree 2 --world_size 2` (the run's own degree) said 'accepted but has no effect
+    here: ... a value above 1 that they do not give is refused': 'no effect' beside 'refused'. The note says the value
+    sets nothing and is checked, for a value the run gives as for one that one process leaves unchecked."""
+    notes = [n for n in resolve_run(f"--{key}", "2", world=world).notes if n.startswith(f"{key}:")]
+    assert len(notes) == 1, notes
+    assert "no effect" not in notes[0], notes[0]
+    assert notes[0].startswith(f"{key}: 2: computed from the world size and the other degrees, so a stated value "
+                               f"sets nothing: it is checked"), notes[0]

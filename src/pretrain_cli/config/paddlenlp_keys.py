@@ -15,7 +15,8 @@ of our keys (`ALIAS_OF`: whose name it is; `ATTENTION` reads PaddleFormers' atte
 `use_flash_attention`), `REFUSED` the values of a key without effect here that would change the training if run
 without it (refused by the parser, one line each); `PADDLEFORMERS_IGNORED` and PaddleFormers' aliases are keys only
 its files have (`config.paddleformers_keys`: its data pipeline and its defaults). They are no dataclass fields, so
-they never reach `args.json`.
+they never reach `args.json`, but for the ones the layout takes (`NOTED_BY_LAYOUT`:
+`config.expert.recorded`), which a run from the record must take as well.
 
 `FLAGS` are the values PaddleNLP accepts in its space- or comma-separated `*_config` strings; it raises
 `ValueError("Found unknown … config …")` for any other (training_args.py `__post_init__`), and so does `check`
@@ -31,10 +32,10 @@ from pretrain_cli.errors import UserError
 
 # data_parallel_degree's and data_parallel_size's (`config.parallel`'s refusal, by `one_process.stated_unmet`'s rule;
 # one process checks a file for many)
-DATA_RANKS_COMPUTED = ("computed from the world size and the other degrees; a value above 1 that they do not give is "
-                       "refused on more than one process (the run would train on another global batch than the "
-                       "file's): given as PaddleNLP's dp, world / (sharding_parallel_degree x tp x sep x cp x pp), "
-                       "or as the data ranks, dp x sharding")
+DATA_RANKS_COMPUTED = ("computed from the world size and the other degrees, so a stated value sets nothing: it is "
+                       "checked, and a value above 1 that they do not give is refused on more than one process (the "
+                       "run would train on another global batch than the file's): given as PaddleNLP's dp, world / "
+                       "(sharding_parallel_degree x tp x sep x cp x pp), or as the data ranks, dp x sharding")
 # key -> (PaddleNLP's default, why it has no effect here)
 PADDLENLP_IGNORED = {
     "model_type": ("llama", "the legacy llm/llama/run_pretrain.py's model class; here config.json's model_type "
@@ -163,7 +164,7 @@ SWITCHES = ("use_dualpipev", "overlap_p2p_comm", "split_param")
 # as run_pretrain.py does; PT and PT-V2 are its pretraining through the SFT workflow's data (their data keys are
 # not read here); ernie_pretrain's model is refused by its config.json
 PRETRAINING_STAGES = ("PT", "PT-V2", "dsv3_pretrain", "auto-parallel", "ernie_pretrain")
-_FALSE = ("false", "f", "no", "n", "0", "off")
+FALSE = ("false", "f", "no", "n", "0", "off")
 
 
 def _shown(value) -> str:
@@ -185,7 +186,7 @@ REFUSED = {
                         f"chat, preference or image data with their own losses, which pretrain-cli does not build); "
                         f"for a pretraining run set it to one of {', '.join(PRETRAINING_STAGES)}, or leave it out"),
     "moe_router_force_load_balancing": (
-        lambda v: str(v).strip().lower() not in _FALSE,
+        lambda v: str(v).strip().lower() not in FALSE,
         lambda v: f"moe_router_force_load_balancing: {_shown(v)} routes every token by random router logits "
                   f"(PaddleFleet's and Megatron's benchmark mode: a throughput measurement, the router learns "
                   f"nothing), which is not built here; set it to false (routing by the router's scores) or leave "
@@ -246,7 +247,7 @@ def differs(key: str, value) -> bool:
     if key in AS_HERE:
         return not AS_HERE[key][0](value)
     if key in SWITCHES:
-        return str(value).strip().lower() not in _FALSE
+        return str(value).strip().lower() not in FALSE
     default = IGNORED[key][0]
     return str(value).strip().lower() != str(default).lower()
 
@@ -339,6 +340,8 @@ def notes_for(args, data_ranks: int) -> list[str]:
         if key == "global_batch_size":
             out += [n for n in [global_batch(value, t.per_device_train_batch_size, t.gradient_accumulation_steps,
                                              data_ranks)] if n]
+        elif differs(key, value) and IGNORED[key][1] == DATA_RANKS_COMPUTED:  # checked: not "no effect"
+            out.append(f"{key}: {value}: {DATA_RANKS_COMPUTED}")
         elif differs(key, value) and key not in NOTED_BY_LAYOUT:
             out.append(f"{key}: accepted but has no effect here: {IGNORED[key][1]}")
     return out
