@@ -14,7 +14,9 @@ themselves, and with both a pipeline and cp, are `config.refusals`' ep rows.
 from __future__ import annotations
 
 import math
+import re
 
+from pretrain_cli.config.paddlenlp_keys import FALSE, NOTED_BY_LAYOUT
 from pretrain_cli.counts import count
 from pretrain_cli.errors import Problems
 
@@ -63,46 +65,76 @@ def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, s
 def paddlenlp_expert_parallel(args, model_cfg, world: int, data_ranks: int, dp: int, stage: int, refused,
                               notes: list) -> int:
     """The expert-parallel degree PaddleNLP's `use_expert_parallel: true` asks for where the file states no
-    `expert_parallel_degree`, or 1, with one note either way. PaddleNLP's MoELayer (its default `moe_group: data`)
-    spreads the experts over fleet's data-parallel group, expert parallelism of the dp degree (world / (tp x pp x
-    sharding x sep)); the key was a note that it has no effect, and the run held every expert on every rank. Here
-    the same degree, `dp` (of `data_ranks`, dp x sharding), where this layout runs it (`refused(ep)`: the line of a
+    `expert_parallel_degree` (or PaddleNLP's unset default, -1), or 1, with one note either way. Which of PaddleNLP's
+    behaviours: its older MoELayer (default `moe_group: data`) spreads the experts over fleet's data-parallel group,
+    expert parallelism of the dp degree (world / (tp x pp x sharding x sep)), whatever use_expert_parallel says; its
+    newer DeepseekV2MoE uses the `expert` group, sized by `expert_parallel_degree` (its deepseek-v3
+    pretrain_argument.json states 4). So a stated degree decides (`expert_degree`), and without one the dp degree is
+    MoELayer's; the key was a note that it has no effect, and the run held every expert on every rank. Here the dp
+    degree, `dp` (of `data_ranks`, dp x sharding), where this layout runs it (`refused(ep)`: the line of a
     `config.refusals` row an expert degree adds, or None); else the note says why, and which degree or key runs."""
     value = args.extra.get("use_expert_parallel")
-    if value is None or str(value).strip().lower() in ("false", "f", "no", "n", "0", "off"):
+    if value is None or str(value).strip().lower() in FALSE:
         return 1
     key, experts = "use_expert_parallel: true", model_cfg.num_experts
     if not model_cfg.expert_layers:
         notes.append(f"{key} has no effect: {model_cfg.model_type} has no experts")
         return 1
-    if "expert_parallel_degree" in args.explicit:  # the file's degree decides (`expert_degree`)
-        if max(args.training.expert_parallel_degree, 1) == 1:
-            notes.append(f"{key} has no effect: expert_parallel_degree: {args.training.expert_parallel_degree} keeps "
-                         f"every expert on every rank (PaddleNLP spreads them over its data-parallel group; remove "
-                         f"that key to do so here)")
+    stated = args.training.expert_parallel_degree
+    if "expert_parallel_degree" in args.explicit and stated != -1:  # the file's degree decides (`expert_degree`)
+        if max(stated, 1) == 1:  # (-1: PaddleNLP's unset default, as if not written)
+            notes.append(f"{key} has no effect: the file's expert_parallel_degree: {stated} keeps every expert on "
+                         f"every rank (a stated degree decides, as it sizes PaddleNLP's DeepseekV2MoE expert group); "
+                         f"remove that key to spread them over the data-parallel ranks")
         return 1
     if world == 1:
         notes.append(f"{key} has no effect on one process; on more, the experts are spread over the data-parallel "
-                     f"ranks, as PaddleNLP spreads them (expert_parallel_degree = the dp degree)")
+                     f"ranks, as PaddleNLP's MoELayer (moe_group 'data') spreads them (expert_parallel_degree = the "
+                     f"dp degree)")
         return 1
     dropping = args.model.capacity_factor > 0
+    blocked = refused(dp) if data_ranks > 1 and dp > 1 and not experts % dp and not dropping else None
     why = (": tp x pp x cp take every process" if data_ranks == 1 else
            f": the sharding group takes the {data_ranks} data ranks" if dp == 1 else
            f", which does not divide num_experts ({experts})" if experts % dp else
            f", while capacity_factor {args.model.capacity_factor} drops tokens and expert parallelism here runs "
-           f"dropless" if dropping else f", which this layout does not run: {refused(dp)}" if refused(dp) else "")
+           f"dropless" if dropping else f", which {_blocker(blocked)[0]} does not run here" if blocked else "")
     if not why:
         notes.append(f"{key}: the experts are spread over the {dp} data-parallel ranks (expert_parallel_degree {dp}), "
-                     f"as PaddleNLP's MoELayer spreads them over its data-parallel group (moe_group 'data'); set "
-                     f"expert_parallel_degree to choose another degree")
+                     f"as PaddleNLP's MoELayer spreads them over its data-parallel group (its default moe_group "
+                     f"'data'); a stated expert_parallel_degree decides, as it sizes PaddleNLP's DeepseekV2MoE "
+                     f"expert group")
         return dp
     runs = [e for e in range(data_ranks, 1, -1) if data_ranks % e == 0 and experts % e == 0 and not refused(e)]
-    what = ("set capacity_factor: 0 to spread them so" if dropping else
+    what = ("set capacity_factor: 0 to spread them so" if dropping else f"{_blocker(blocked)[1]} to spread them"
+            if blocked else
             f"set expert_parallel_degree: {runs[0]} (a divisor of num_experts {experts} and the {data_ranks} data "
             f"ranks) to spread them here" if runs else
             f"no expert_parallel_degree runs with this layout's sharding: stage{stage} here (`check` with one says "
             f"why)" if stage else f"no degree above 1 divides both num_experts ({experts}) and the "
             f"{count(data_ranks, 'data rank')}")
-    notes.append(f"{key} has no effect here: PaddleNLP spreads the experts over its data-parallel group "
-                 f"(expert_parallel_degree = its dp degree, {dp} here{why}); {what}")
+    notes.append(f"{key} has no effect here: PaddleNLP's MoELayer (moe_group 'data') spreads the experts over its "
+                 f"data-parallel group (expert_parallel_degree = its dp degree, {dp} here{why}); {what}")
     return 1
+
+
+def _blocker(line: str) -> tuple[str, str]:
+    """(what blocks it, what to set) of a `config.refusals` line an expert degree adds ("expert_parallel_degree: 2
+    with sharding: stage3 is not supported (why); use sharding: stage1 (...) or ''"): a note for a key the user did
+    not set names the other key and its fix in a few words, without the refusal's reasons."""
+    head, _, tail = line.partition(" is not supported")
+    what = head.split(" with ", 1)[-1]
+    fix = re.sub(r" \([^()]*\)", "", tail.rpartition("); ")[2]).strip()
+    return what, re.sub(r"^use ", "set ", fix)
+
+
+def recorded(args) -> dict:
+    """The keys args.json records of `args` (`arguments`, `user_arguments`): its fields, and PaddleNLP's keys set aside
+    that take effect through the layout (`use_expert_parallel`), with expert_parallel_degree -1 (PaddleNLP's unset
+    default) where the file did not state it. The fields alone held the default 1, which a run from the record read
+    as a stated degree that decides, and no use_expert_parallel: every expert on every rank, not the record's run."""
+    out = args.to_dict()
+    taken = {k: v for k, v in args.extra.items() if k in NOTED_BY_LAYOUT}
+    if taken and "expert_parallel_degree" not in args.explicit:
+        out["expert_parallel_degree"] = -1
+    return {**out, **taken}

@@ -13,6 +13,7 @@ from pathlib import Path
 from pretrain_cli.counts import count
 from pretrain_cli.storage.checkpoint_dir import CheckpointDir
 from pretrain_cli.config.compute import attention_words
+from pretrain_cli.config.expert import recorded
 from pretrain_cli.config.moe import DEEPSEEK_ALPHA
 from pretrain_cli.config.parser import Arguments
 from pretrain_cli.run_config import RunConfig
@@ -84,7 +85,8 @@ class RunSpec:
         """What args.json holds: the arguments as the run takes them (`arguments`, with the keys a resume set: the
         accumulation that kept the global batch on another number of processes), as the user set them
         (`user_arguments`: what the next resume compares its own with, so that it tells a batch key the user
-        changed from one a resume derived: `orchestration.resumed.keep_global_batch`), and as resolved; the
+        changed from one a resume derived: `orchestration.resumed.keep_global_batch`), both with PaddleNLP's keys
+        that take effect through the layout (`config.expert.recorded`), and as resolved; the
         longest length its weights have trained at (`trained_length`); and the tokenizer they train with
         (`tokenizer`: `tokenizer_lineage.trained_with`, what a resume from a checkpoint without tokenizer files is
         checked by); and the directory it was started in (`working_directory`: what its relative paths were read
@@ -94,7 +96,7 @@ class RunSpec:
 
         tokenizer = trained_with(self.tokenizer, self.prefixes(),
                                  (self.resume, self.model_dir if self.run.model.continue_training else None))
-        return {"version": __version__, "arguments": self.args.to_dict(), "user_arguments": self.user_args.to_dict(),
+        return {"version": __version__, "arguments": recorded(self.args), "user_arguments": recorded(self.user_args),
                 "run": self.run.to_dict(), "notes": list(self.run.notes), "trained_length": self.trained_length(),
                 "tokenizer": tokenizer, "working_directory": str(Path.cwd())}  # (what its relative paths meant)
 
