@@ -41,3 +41,20 @@ def test_the_data_ranks_count_and_a_batch_no_accumulation_gives_is_said_so():
                                          (["--global_batch_size", "16", "--gradient_accumulation_steps", "2"], 2)])
 def test_a_global_batch_size_that_is_the_runs_batch_is_no_note(extra, world):
     assert "global_batch_size" not in _notes(extra, world)
+
+
+def test_on_one_data_rank_the_note_says_the_data_ranks_the_value_implies():
+    """`check g32.json` (per-device 4, accumulation 1, global_batch_size 32) on one process, where a file meant for
+    8 ranks is checked too, said only 'for 32 set gradient_accumulation_steps 8', which on 8 ranks trains at 256."""
+    said = _notes(["--global_batch_size", "32"])["global_batch_size"]
+    assert "32 is the batch of 8 data ranks at this accumulation" in said, said
+    assert "for 32 set gradient_accumulation_steps 8 on one data rank" in said, said
+
+
+@pytest.mark.parametrize("value,words", [("8.0", "for 8.0 set gradient_accumulation_steps 2"),
+                                         ("abc", "abc is not a number"),
+                                         ("8.5", "8.5 is not a whole number of sequences")])
+def test_a_value_that_is_not_a_whole_number_is_said_so(value, words):
+    """`int(str(value))` read 8.0 as 'no multiple' of the batch, and 'abc' so too."""
+    said = _notes(["--global_batch_size", value])["global_batch_size"]
+    assert words in said and "no multiple" not in said, said
