@@ -10,7 +10,7 @@ from pretrain_cli.config.paddleformers_keys import DEFAULTS, OUR_DEFAULTS, PIPEL
 from pretrain_cli.config.megatron_names import (MEGATRON, MODEL as MEGATRON_MODEL,  # noqa: E402
                                                 OPTION as MEGATRON_OPTION)
 from pretrain_cli.config.paddlenlp_keys import (ALIAS_OF, ALIASES, AS_HERE, ATTENTION, FLAGS, IGNORED,  # noqa: E402
-                                                SWITCHES)
+                                                SWITCHES, TAKEN_BY_LAYOUT)
 from pretrain_cli.config.keys import KEYS, type_name  # noqa: E402
 
 HEADER = """# PaddleNLP argument-file compatibility
@@ -192,6 +192,12 @@ def render() -> str:
             choices = f" One of: {', '.join(s.choices)}." if s.choices else ""
             help_ = (s.help + choices).replace("|", "\\|")
             lines.append(f"| `{key}` | {type_name(s)} | `{json.dumps(s.default)}` | {status[s.support]} | {help_} |")
+    lines += ["\n## Other PaddleNLP keys that take effect\n",
+              "Fields of PaddleNLP's `TrainingArguments` with no field of their own here that still change the run, "
+              "through the parallel layout; `args.json` records them (with `expert_parallel_degree` -1 where the file "
+              "left it unset), so a run from the record builds the same layout.\n",
+              "| key | default there | what it does here |", "|---|---|---|"]
+    lines += [f"| `{k}` | `{json.dumps(d)}` | {what} |" for k, (d, what) in TAKEN_BY_LAYOUT.items()]
     lines += ["\n## Other PaddleNLP keys: accepted, ignored\n",
               "Fields of PaddleNLP's `TrainingArguments` (and the legacy `llm/llama/run_pretrain.py`'s model keys, and "
               "the PaddleFormers keys its pretraining files set) a pretraining run has no use for here: any value "
@@ -199,7 +205,8 @@ def render() -> str:
               "a note, as their flag strings' flags are). They are not written to `args.json`.\n",
               "| key | default there | why no effect |", "|---|---|---|"]
     lines += [f"| `{k}` | `{json.dumps(d)}` | {why}{' (a note when true)' if k in SWITCHES else ''}"
-              f"{f' (no note for {AS_HERE[k][1]})' if k in AS_HERE else ''} |" for k, (d, why) in IGNORED.items()]
+              f"{f' (no note for {AS_HERE[k][1]})' if k in AS_HERE else ''} |" for k, (d, why) in IGNORED.items()
+              if k not in TAKEN_BY_LAYOUT]
     lines += ["\n## PaddleNLP's and PaddleFormers' other names\n",
               "Both names of one key in one file are refused (which would win?). PaddleFormers' `max_seq_len` is the "
               "token dataset's sequence length as PaddleNLP's `max_seq_length` is (its deepseek_v3_pretrain and "

@@ -104,3 +104,16 @@ def test_a_layout_that_blocks_it_is_named_in_a_few_words_with_the_key_to_set():
         "use_expert_parallel: true has no effect here: PaddleNLP's MoELayer (moe_group 'data') spreads the experts "
         "over its data-parallel group (expert_parallel_degree = its dp degree, 2 here, which sharding: stage3 does "
         "not run here); set sharding: stage1 or '' to spread them"]
+
+
+def test_compatibility_md_lists_it_among_the_keys_that_take_effect():
+    """Its row sat under 'Other PaddleNLP keys: accepted, ignored' (PADDLENLP_IGNORED) though it spreads the experts,
+    and said 'as PaddleNLP does' of one of PaddleNLP's two MoE layers."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "COMPATIBILITY.md").read_text()
+    [section] = [s for s in text.split("\n## ") if "| `use_expert_parallel` |" in s]
+    assert section.startswith("Other PaddleNLP keys that take effect\n") and "ignored" not in section.splitlines()[0]
+    row = next(line for line in section.splitlines() if line.startswith("| `use_expert_parallel` |"))
+    assert "MoELayer (default moe_group 'data')" in row and "moe_group 'expert' is sized by expert_parallel_degree" \
+        in row and "a stated expert_parallel_degree decides" in row
