@@ -22,6 +22,7 @@ from pretrain_cli.run_config import Target
 MLA_FIX = ("for flash attention max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim) must be a multiple of 8 of at "
            "most 192")
 GPU_FIX = f"{MLA_FIX}, or run on a GPU of compute capability 8.0 / 9.0 (A100, H100)"
+MLA_FIX_256 = f"{MLA_FIX[:-len('192')]}256"  # a width no GPU takes, on a GPU taking 256 (H100; a forward alone)
 NOTE = ("use_flash_attention: flash attention refuses head width 200 on L40S (compute capability 8.9; flash-attn's "
         f"backward above 192 runs on 8.0 and 9.0 only): planned with the scores materialised; {GPU_FIX}")
 # an MLA of query/key width 136 + 64 = 200 (value 16, padded to 200), and one whose value heads are the wider
@@ -77,7 +78,7 @@ def test_a_width_no_gpu_takes_materialises_on_an_h100_too(write_args, tmp_path):
                                                                          "v_head_dim": 6, "kv_lora_rank": 12}))
     assert r["attention"] == "math"
     assert _said(r) == ["use_flash_attention: flash attention refuses head width 12 on H100-SXM (flash-attn takes "
-                        f"multiples of 8 up to 256): planned with the scores materialised; {MLA_FIX}"]
+                        f"multiples of 8 up to 256): planned with the scores materialised; {MLA_FIX_256}"]
 
 
 def test_deepseek_v3s_192_runs_flash_on_every_ampere_or_later_gpu(write_args, tmp_path):
@@ -131,7 +132,7 @@ def test_over_256_the_causal_runs_note_says_sdpas_memory_efficient_kernel_runs()
     assert [n for n in run.notes if "flash attention refuses" in n] == [
         "use_flash_attention: flash attention refuses head width 264 (flash-attn takes multiples of 8 up to 256): on "
         "H100-SXM Paddle's sdpa runs its memory-efficient kernel instead, which holds no [b, heads, s, s] scores "
-        "either; for flash attention head_dim must be a multiple of 8 of at most 192"]
+        "either; for flash attention head_dim must be a multiple of 8 of at most 256"]
 
 
 def test_context_parallelism_judges_flash_attentions_forward_alone():
@@ -162,7 +163,7 @@ def test_eval_and_generate_judge_the_models_width_as_a_forward(monkeypatch):
     compute.kernels_for(args, l40s, notes, model_cfg=narrow)
     assert [n for n in notes if "flash attention refuses" in n] == [
         "use_flash_attention: flash attention refuses head width 12 on NVIDIA L40S (flash-attn takes multiples of 8 "
-        f"up to 256): the run materialises the scores; {MLA_FIX}"]
+        f"up to 256): the run materialises the scores; {MLA_FIX_256}"]
     wide = ModelConfig.from_dict(_preset("micro-deepseek-v3", **WIDE_QK))
     assert targets.inference_kernels(arguments=args, model_cfg=wide)[0].attention == "flash"
     assert targets.inference_kernels(arguments=args)[0].attention == "flash"

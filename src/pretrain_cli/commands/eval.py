@@ -340,7 +340,8 @@ def main(ns: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
     if recorded:
         _dropless_note(ns.config or f"{model_path}/args.json", cfg, args.get("capacity_factor"))
-    model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(arguments=args, model_cfg=cfg))
+    kernels = inference_kernels(arguments=args, model_cfg=cfg, mask=mask)  # (judged with the mask its windows run)
+    model, source = load_for_inference(model_dir, cfg, ns.seed, *kernels)
     _random_init(ns.model, model_dir, source, ns.seed)
     t0 = time.perf_counter()
     ns.batch_size = 4 if ns.batch_size is None else ns.batch_size

@@ -97,6 +97,11 @@ def resolve_kernels(args: Arguments, target: Target, precision: Precision, notes
                         fuse_o_proj=not (t.recompute and t.recompute_granularity == "full_attn"))
 
 
+# how `flash_width`'s one note starts: `orchestration.targets.inference_kernels` prints it for `eval` and `generate`,
+# as `train` prints its start-up notes (their other kernel notes are `recorded.idle_kernel_keys`' to say)
+WIDTH_NOTE = "use_flash_attention: flash attention refuses head width"
+
+
 def flash_width(kernels: KernelConfig, model_cfg, target: Target, cp: int, mask: str, notes: list,
                 backward: bool = True) -> KernelConfig:
     """What flash attention asked for on a GPU computes at the model's `head_width` (MLA's padded max(qk_head_dim,
@@ -120,14 +125,14 @@ def flash_width(kernels: KernelConfig, model_cfg, target: Target, cp: int, mask:
     if chosen == "flash":
         return kernels
     where, reason = refusal(width, cap, backward)
-    gpu, how = target.gpu_name or "this GPU", fix(where, bool(model_cfg.mla))
+    gpu, how = target.gpu_name or "this GPU", fix(where, bool(model_cfg.mla), cap, backward)
     if chosen == "mem_efficient":
-        notes.append(f"use_flash_attention: flash attention refuses head width {width} ({reason}): on {gpu} Paddle's "
+        notes.append(f"{WIDTH_NOTE} {width} ({reason}): on {gpu} Paddle's "
                      f"sdpa runs its memory-efficient kernel instead, which holds no [b, heads, s, s] scores either; "
                      f"{how}")
         return kernels
     done = "planned with the scores materialised" if target.planned else "the run materialises the scores"
-    notes.append(f"use_flash_attention: flash attention refuses head width {width} on {gpu} "
+    notes.append(f"{WIDTH_NOTE} {width} on {gpu} "
                  f"({where + '; ' if where else ''}{reason}): {done}; {how}")
     return replace(kernels, attention="math")
 
@@ -165,19 +170,20 @@ def attention_words(kernels: KernelConfig, device: str, mask: str, cp: int = 1) 
 
 
 def kernels_for(args: Arguments, target: Target, notes: list | None = None, problems: list | None = None,
-                model_cfg=None) -> KernelConfig:
+                model_cfg=None, mask: str = "causal") -> KernelConfig:
     """The kernels one process of `target` runs for `args`, by `train`'s rules: what `eval` and `generate`
     build the model with (for a model no run wrote, `args` set `use_flash_attention: true` unless a kernel
     override says otherwise: `orchestration.targets.SNAPSHOT_ARGUMENTS`). `notes` receives what the rules said on
     the way (`precision: fp16 is not applicable on cpu`) and `problems`, apart, what `train` would refuse (`fp16,
     bf16: both are true`): the caller judges the problems (`orchestration.recorded.precision_verdict`) and an
     override by the notes alone. `model_cfg`: the model they run, whose head width flash-attn's forward is judged
-    at (`flash_width`, a forward alone: 193-256 runs flash-attn on every GPU it runs on); None: not judged."""
+    at (`flash_width`, a forward alone: 193-256 runs flash-attn on every GPU it runs on) with `mask`, the one the
+    command runs (`eval --data`'s `--attention_mask_type`, else the run's; `generate`'s causal), never worked out
+    again from `args` (whose data keys are a run's, not the command's); None: not judged."""
     notes = [] if notes is None else notes
     found = Problems()
     kernels = resolve_kernels(args, target, resolve_precision(args, target.device, target, notes, found), notes)
-    documents = args.data.attention_mask_type == "document" and args.data.sample_mode != "padded"
-    kernels = flash_width(kernels, model_cfg, target, 1, "document" if documents else "causal", notes, False)
+    kernels = flash_width(kernels, model_cfg, target, 1, mask, notes, False)
     if problems is not None:
         problems.extend(found.items)
     return kernels

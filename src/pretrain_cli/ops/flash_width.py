@@ -47,11 +47,18 @@ def path(head_dim: int, capability: tuple[int, int] | None, sdpa: bool, backward
     return "math"
 
 
-def fix(where: str, mla: bool | None = None) -> str:
-    """How to get flash attention back, naming the keys that set the width (`mla` None: both kinds of model's):
-    a width of at most 192 that is a multiple of 8 runs on every GPU flash-attn runs on; the 193-256 a `where`
-    names, on compute capability 8.0 / 9.0 (A100, H100)."""
+def fix(where: str, mla: bool | None = None, capability: tuple[int, int] | None = None, backward: bool = True) -> str:
+    """How to get flash attention back, naming the keys that set the width (`mla` None: both kinds of model's) and
+    the widest head the GPU named takes: a multiple of 8 of at most 192 runs on every GPU flash-attn runs on; the
+    193-256 a `where` names, on compute capability 8.0 / 9.0 (A100, H100). At a width no GPU takes (`where` "")
+    the bound is `capability`'s: 256 on 8.0 / 9.0 and for a forward alone (not `backward`), else 192 with where
+    256 runs (`capability` None, unknown: both)."""
     keys = {True: "max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim)", False: "head_dim"}.get(
         mla, "head_dim (under MLA max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim))")
-    gpu = ", or run on a GPU of compute capability 8.0 / 9.0 (A100, H100)" if where else ""
-    return f"for flash attention {keys} must be a multiple of 8 of at most {ANY_GPU_WIDTH}{gpu}"
+    if where:
+        bound = f"{ANY_GPU_WIDTH}, or run on a GPU of compute capability 8.0 / 9.0 (A100, H100)"
+    elif not backward or (capability is not None and tuple(capability) in BACKWARD_WIDE):
+        bound = f"{WIDEST}"
+    else:
+        bound = f"{ANY_GPU_WIDTH} ({WIDEST} on compute capability 8.0 / 9.0)"
+    return f"for flash attention {keys} must be a multiple of 8 of at most {bound}"

@@ -3,6 +3,8 @@
 (`check --world_size`); and the kernels `eval` and `generate` build a model with."""
 from __future__ import annotations
 
+import sys
+
 from pretrain_cli.config.parser import Arguments, parse_config
 from pretrain_cli.errors import UserError
 from pretrain_cli.run_config import KernelConfig, RunConfig, Target
@@ -33,22 +35,32 @@ SNAPSHOT_ARGUMENTS = ("--use_flash_attention", "true")
 
 
 def inference_kernels(run: RunConfig | None = None, arguments: Arguments | None = None,
-                      model_cfg=None) -> tuple[KernelConfig, str]:
+                      model_cfg=None, mask: str = "causal") -> tuple[KernelConfig, str]:
     """(kernel request, device) for `eval` and `generate`: a run's own (`eval --config`: the same resolution
     as `train`), else what the run's `arguments` (a run's args.json) or, for a model no run wrote, an argument
     file setting `use_flash_attention: true` resolves to here: what that path costs `train` (on CPU, fp32
     probabilities kept for the backward) a forward alone never pays, and its CPU block kernel computes the losses
     of the scores' path, faster; a GPU in fp32 keeps the math path by `train`'s own rule, and `model_cfg`'s head
-    width is judged as a forward's (`config.compute.flash_width`: where flash-attn's forward refuses it, the math
-    path, so the `kernels:` line names what runs)."""
+    width is judged as a forward's under `mask`, the mask the command runs (`config.compute.flash_width`: where
+    flash-attn's forward refuses it, the math path, so the `kernels:` line names what runs). Where the width turns
+    flash attention away its note is printed (`note: use_flash_attention: ...`), as `train` prints it at start-up:
+    the run's kernels then never reach the kernels' own warning, so nothing else would say why."""
     if run is not None:
-        return run.kernels, run.device
-    from pretrain_cli.config.compute import kernels_for
+        kernels, device, notes = run.kernels, run.device, list(run.notes)
+    else:
+        from pretrain_cli.config.compute import kernels_for
 
-    target = inference_target()
-    if arguments is None:
-        arguments = parse_config(None, list(SNAPSHOT_ARGUMENTS))
-    return kernels_for(arguments, target, model_cfg=model_cfg), target.device
+        target, notes = inference_target(), []
+        if arguments is None:
+            arguments = parse_config(None, list(SNAPSHOT_ARGUMENTS))
+        kernels = kernels_for(arguments, target, notes, model_cfg=model_cfg, mask=mask)
+        device = target.device
+    from pretrain_cli.config.compute import WIDTH_NOTE
+
+    for note in notes:
+        if note.startswith(WIDTH_NOTE):
+            print(f"note: {note}", file=sys.stderr)
+    return kernels, device
 
 
 def simulated_target(world_size: int) -> Target:
