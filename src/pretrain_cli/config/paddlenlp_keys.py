@@ -141,7 +141,8 @@ PADDLEFORMERS_IGNORED = {
                                 "(`check` prints it), as PaddleFormers' FinetuningArguments recomputes it over the "
                                 "file's value (PaddleNLP's run_pretrain.py has no such key); a value other than that "
                                 "is a note naming the batch the run trains at and the accumulation that gives the "
-                                "file's value"),
+                                "file's value (on one data rank, as `check` without --world_size, first the data "
+                                "ranks it is the batch of at this accumulation: a file meant for many)"),
     "pad_token_id": (0, "the padding token's id; packed samples hold no padding, and padded samples (sample_mode: "
                         "padded) take the tokenizer's pad token"),
     "tensorwise_offload_optimizer": (False, "PaddleFormers moves the optimizer state to host memory between steps; "
@@ -315,17 +316,21 @@ def global_batch(value, micro: int, acc: int, ranks: int) -> str | None:
     """The note for a `global_batch_size` other than the batch the run trains at, else None. PaddleFormers'
     FinetuningArguments (paddleformers-cli's parser, whatever the stage) overwrites the file's value with
     per_device_train_batch_size x dataset_world_size x gradient_accumulation_steps, so the run does not train at it:
-    a Megatron-LM user, whose --global-batch-size sets the accumulation, reads the batch here and how to get theirs."""
+    a Megatron-LM user, whose --global-batch-size sets the accumulation, reads the batch here and how to get theirs.
+    On one data rank (`check` without --world_size too, of a file meant for many) the value may be the batch of
+    more ranks, so the note names those first and qualifies the accumulation it gives."""
     batch = micro * acc * ranks
-    try:
-        wanted = int(str(value).strip())
-    except ValueError:
-        wanted = None
-    if value is None or wanted == batch or (wanted is not None and wanted <= 0):  # (ERNIE's -1: not set)
+    wanted = _whole(value)
+    if value is None or wanted == batch or (isinstance(wanted, int) and wanted <= 0):  # (ERNIE's -1: not set)
         return None
     per_step = micro * ranks
-    if wanted is not None and wanted > 0 and wanted % per_step == 0:
-        how = f"for {wanted} set gradient_accumulation_steps {wanted // per_step}"
+    if isinstance(wanted, str):
+        how = wanted
+    elif wanted % per_step == 0:
+        implied = (f"{value} is the batch of {count(wanted // (micro * acc), 'data rank')} at this accumulation; "
+                   if ranks == 1 and wanted % (micro * acc) == 0 else "")
+        how = (f"{implied}for {value} set gradient_accumulation_steps {wanted // per_step}"
+               f"{' on one data rank' if ranks == 1 else ''}")
     else:
         how = (f"{value} is no multiple of per_device_train_batch_size x data ranks ({per_step}), so no "
                f"gradient_accumulation_steps gives it")
@@ -333,6 +338,17 @@ def global_batch(value, micro: int, acc: int, ranks: int) -> str | None:
             f"(per_device_train_batch_size {micro} x gradient_accumulation_steps {acc} x {count(ranks, 'data rank')}), "
             f"not {value}: PaddleFormers' FinetuningArguments recomputes it over the file's value as that product "
             f"(PaddleNLP's run_pretrain.py has no such key); {how}")
+
+
+def _whole(value) -> int | str:
+    """`value` as a whole number (8, "8", 8.0, "8.0"), else what it is instead, said for the note."""
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        return f"{value} is not a number"
+    if not number.is_integer():
+        return f"{value} is not a whole number of sequences"
+    return int(number)
 
 
 def notes_for(args, data_ranks: int) -> list[str]:
