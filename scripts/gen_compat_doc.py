@@ -218,13 +218,22 @@ def render() -> str:
               "`use_flash_attention`: " + ", ".join(f"`{k}`: `{json.dumps(v)}`" for k, v in ATTENTION.items()) +
               " (`flashmask`, its default, and `sdpa`, Paddle's scaled_dot_product_attention, take the flash-attn "
               "kernel on GPU); another one (`sink`) is refused."]
+    theirs = [k for k in MEGATRON if k in ALIASES]  # underscored: PaddleFormers' names, read (the parser's order)
+    noted = [k for k in MEGATRON if k in IGNORED]
     lines += ["\n## Megatron-LM's argument names\n",
               "Not keys here, in either spelling (`--train-iters`, `train_iters`): each is refused in one line naming "
               "what to set instead (`config/megatron_names.py`), where the nearest spelling among the keys would "
               "name another key (`train_iters`: `eval_iters`). Megatron's names that are keys here with the same "
               "meaning (`split`, `seed`, `eval_iters`, `weight_decay`, `bf16`, `sequence_parallel`) are read, "
-              "hyphenated too. Megatron's other names, hyphenated (`--batch-size`, `--wandb-project`; "
-              "`config/megatron_flags.py`), get no did-you-mean: the nearest key would be unrelated (`vocab_size`).\n",
+              "hyphenated too. A few of the table's names are PaddleFormers' keys in their underscored spelling, "
+              "and so read as PaddleFormers reads them: " + ", ".join(f"`{k}`" for k in theirs) + " as its names "
+              "for PaddleNLP's keys (above), " + ", ".join(f"`{k}`" for k in noted) + " with a note naming the "
+              "batch the run trains at (PaddleFormers recomputes it over the file's value; TRAINING.md). Their "
+              "hyphenated spelling is Megatron-LM's alone and refused as the others are: Megatron's "
+              "`--global-batch-size` is the batch it trains at (it sets the accumulation from it), which here would "
+              "be recomputed, so its line names `gradient_accumulation_steps`. Megatron's other names, hyphenated "
+              "(`--batch-size`, `--wandb-project`; `config/megatron_flags.py`), get no did-you-mean: the nearest "
+              "key would be unrelated (`vocab_size`).\n",
               "| Megatron-LM | here |", "|---|---|"]
     lines += [f"| `--{k.replace('_', '-')}` | {v} |" for k, v in MEGATRON.items()]
     lines += [f"| `--{k.replace('_', '-')}` | the model's config.json: `{v}` |" for k, v in MEGATRON_MODEL.items()]

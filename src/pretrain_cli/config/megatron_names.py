@@ -9,7 +9,10 @@ The nearest spelling among our keys is often another key (`train_iters`: `eval_i
 line). Only names that are not keys here are listed: Megatron names that are keys
 with the same meaning (`split`, `seed`, `eval_iters`, `weight_decay`, `bf16`, `sequence_parallel`) are read, in
 either spelling; PaddleFormers' Megatron-style degrees (`tensor_model_parallel_size`, ...) are read as its aliases,
-so only their hyphenated spellings reach this table.
+and its `global_batch_size` with a note (`paddlenlp_keys.global_batch`: PaddleFormers recomputes it), so only their
+hyphenated spellings reach this table: Megatron's `--global-batch-size` is the batch Megatron trains at (it sets
+the accumulation), which here would be recomputed, so it is refused with the key that sets it. The parser's order
+(a known name first) decides; COMPATIBILITY.md names them from these tables (`scripts/gen_compat_doc.py`).
 """
 from __future__ import annotations
 
