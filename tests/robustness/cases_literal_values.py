@@ -14,4 +14,4 @@ def s_tilde_model(d):
 def s_backticks_tokenizer(d):
     return cfg(d, tokenizer_name_or_path="`touch pwned`"), ["`touch pwned`"]
 def s_subshell_data(d):
-    return cfg(d, input_dir="$(touch pwned)"), ["'$(touch pwned)' names 2 prefixes and no weights"]
+    return cfg(d, input_dir="$(touch pwned)"), ["'$(touch pwned)' does not exist"]

@@ -129,11 +129,16 @@ def test_a_sentence_level_file_is_split_and_counted_by_sequence(tmp_path):
         build_datasets(str(tmp_path / "c_text_sentence"), parse_split("95,5,0"), 8, 1, need=("train", "test"))
 
 
-def test_an_unweighted_megatron_blend_says_how_to_weigh_it():
+def test_an_unweighted_megatron_blend_says_how_to_weigh_it(tmp_path, monkeypatch):
     """Megatron-core takes `--data-path a b` without weights (each weighed by its samples); input_dir said "weight
-    'a' is not a number" of it."""
+    'a' is not a number" of it. The prefixes exist: where no word of the text is a source, the text is a mistyped
+    path (test_one_path_with_a_space_is_not_an_unweighted_blend)."""
     from pretrain_cli.data.blend import parse_input_dir
 
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    _sentences("data/a_text_document")
+    _sentences("data/b_text_document")
     with pytest.raises(UserError) as e:
         parse_input_dir("data/a_text_document data/b_text_document")
     assert str(e.value) == ("input_dir: 'data/a_text_document data/b_text_document' names 2 prefixes and no weights "
@@ -167,8 +172,17 @@ def test_one_path_with_a_space_is_not_an_unweighted_blend(tmp_path):
     assert parse_input_dir(prefix) == [(1.0, prefix)]
     assert parse_input_dir(prefix + ".bin") == [(1.0, prefix + ".bin")]
     assert parse_input_dir(str(tmp_path / "my corpus")) == [(None, prefix)]
-    with pytest.raises(UserError, match="names 2 prefixes and no weights"):  # not there: still read as two
+    # not there, nor any word of it: a mistyped path, named whole (it was 'names 2 prefixes and no weights')
+    with pytest.raises(UserError) as e:
         parse_input_dir(str(tmp_path / "my corpus" / "other"))
+    assert str(e.value) == (f"input_dir: {str(tmp_path / 'my corpus' / 'other')!r} does not exist (no directory, and "
+                            "no .idx or _idx.npz token files beside that prefix; a path with a space is read as one "
+                            "source), nor does any of its 2 words, as Megatron-LM's unweighted blend would read it: "
+                            "check the path")
+    # a word that is a source: Megatron's unweighted blend, as before
+    word = _sentences(str(tmp_path / "a"))
+    with pytest.raises(UserError, match="names 2 prefixes and no weights"):
+        parse_input_dir(f"{word} {tmp_path / 'b'}")
 
 
 def test_an_unweighted_blend_of_shell_text_says_it_is_not_expanded():
@@ -177,7 +191,7 @@ def test_an_unweighted_blend_of_shell_text_says_it_is_not_expanded():
 
     with pytest.raises(UserError) as e:
         parse_input_dir("$(touch pwned)")
-    assert "names 2 prefixes and no weights" in str(e.value)
+    assert "does not exist" in str(e.value)  # no word of it is a source (was 'names 2 prefixes and no weights')
     assert str(e.value).endswith(" (paths are used as written, not shell-expanded)")
     with pytest.raises(UserError) as e:
         parse_input_dir("data/a data/b")

@@ -53,6 +53,11 @@ def parse_input_dir(input_dir: str) -> list[tuple[float | None, str]]:
     if not any(_is_number(x) for x in parts):  # Megatron's unweighted `--data-path a b`: weights by their sizes
         pairs = " ".join(f"1.0 {x}" for x in parts)
         literal = " (paths are used as written, not shell-expanded)" if any(c in text for c in "$`~") else ""
+        if not any(_one_source(x) for x in parts):  # `my corpus/nothere`: a mistyped path, not a blend of 2 words
+            raise UserError(f"input_dir: {text!r} does not exist (no directory, and no .idx or _idx.npz token files "
+                            f"beside that prefix; a path with a space is read as one source), nor does any of its "
+                            f"{len(parts)} words, as Megatron-LM's unweighted blend would read it: check the "
+                            f"path{literal}")
         raise UserError(f"input_dir: {text!r} names {len(parts)} prefixes and no weights (Megatron-LM's unweighted "
                         f"--data-path, which weighs each by its size); put a weight before each (\"{pairs}\": equal "
                         f"shares), or name a directory holding only them (each weighted by its tokens){literal}")
