@@ -230,6 +230,16 @@ def test_over_256_the_causal_path_runs_sdpas_memory_efficient_kernel_unwarned(mo
                                                  "multiples of 8 up to 256), so this process materialises")
 
 
+@pytest.mark.parametrize("backward,bound", [(True, "192 (256 on compute capability 8.0 / 9.0)"), (False, "256")])
+def test_the_warning_at_a_width_no_gpu_takes_names_the_widest_head_that_runs(monkeypatch, backward, bound):
+    """Width 12 (the parity micro MLA's), which flash-attn takes on no GPU: the fix names 256 where it runs (a forward
+    alone runs it on every SM 8.x; with a backward, 8.0 / 9.0), not "at most 192" alone (review R10 of ed329682)."""
+    _, said = _gpu_attention_calls(monkeypatch, (9, 0), 12, backward=backward)
+    assert len(said) == 1 and said[0].startswith("attention on GPU: flash-attn refuses head_dim 12 (flash-attn takes "
+                                                 "multiples of 8 up to 256), so this process materialises"), said
+    assert said[0].endswith(f"v_head_dim)) must be a multiple of 8 of at most {bound}"), said
+
+
 def test_flash_attentions_head_width_rule():
     """`flash_refuses` and `flash_width.path`, the one rule of the three GPU attention paths (flash_attn.cu's two
     checks, sdpa.py's choice of kernel) and of `config.compute.flash_width`."""

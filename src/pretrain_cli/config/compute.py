@@ -115,16 +115,16 @@ def flash_width(kernels: KernelConfig, model_cfg, target: Target, cp: int, mask:
     `ops.block_attention`'s) judge flash-attn's forward alone, which takes 193-256 on every GPU it runs on."""
     if target.device != "gpu" or kernels.attention != "flash" or model_cfg is None:
         return kernels
-    from pretrain_cli.ops.flash_width import fix, path, refusal
+    from pretrain_cli.ops.flash_width import fix, judge
     from pretrain_cli.planning.activations import head_width
     from pretrain_cli.planning.hardware import capability
 
     width, cap = head_width(model_cfg), capability(target.gpu_name, target.gpu_capability)
     backward = backward and cp == 1
-    chosen = path(width, cap, mask == "causal" and cp == 1, backward)
+    chosen, why = judge(width, cap, mask == "causal" and cp == 1, backward)
     if chosen == "flash":
         return kernels
-    where, reason = refusal(width, cap, backward)
+    where, reason = why
     gpu, how = target.gpu_name or "this GPU", fix(where, bool(model_cfg.mla), cap, backward)
     if chosen == "mem_efficient":
         notes.append(f"{WIDTH_NOTE} {width} ({reason}): on {gpu} Paddle's "

@@ -19,18 +19,43 @@ HALF_ALIGNMENT = 8  # sdpa.py `minimum_gemm_alignment` for fp16/bf16: its memory
 PATHS = ("flash", "mem_efficient", "math")  # what `path` answers
 
 
+def width_refused(head_dim: int) -> bool:
+    """Whether flash-attn's forward refuses `head_dim` on every GPU (`CHECK_FWD_EXECTUABLE`): not a multiple of 8,
+    or over 256. Sdpa checks the same (`check_head_dim_size_flash`), so there it picks another kernel itself."""
+    return bool(head_dim % 8) or head_dim > WIDEST
+
+
+def capability_decides(head_dim: int, backward: bool = True) -> bool:
+    """Whether `refusal` at `head_dim` turns on the GPU's compute capability (193-256 with a backward): only then
+    need a caller ask the device (`ops.gpu_attention`)."""
+    return backward and not width_refused(head_dim) and head_dim > ANY_GPU_WIDTH
+
+
 def refusal(head_dim: int, capability: tuple[int, int] | None, backward: bool = True) -> tuple[str, str] | None:
     """(where, why) flash attention cannot run `head_dim` on a GPU of compute capability `capability` (forward and,
     with `backward`, backward), or None where it can: `where` is "" for a width no GPU takes, else the
     capability's words ("compute capability 8.9"). `capability` None: unknown, which counts as able (the width
     alone is judged). Without a backward only the forward's width check counts: a forward alone (eval, generate,
     context parallelism's blocks, whose backward is `ops.block_attention`'s) runs 193-256 on every such GPU."""
-    if head_dim % 8 or head_dim > WIDEST:
+    if width_refused(head_dim):
         return "", f"flash-attn takes multiples of 8 up to {WIDEST}"
-    if not backward or head_dim <= ANY_GPU_WIDTH or capability is None or tuple(capability) in BACKWARD_WIDE:
+    if not capability_decides(head_dim, backward) or capability is None or tuple(capability) in BACKWARD_WIDE:
         return None
     return (f"compute capability {capability[0]}.{capability[1]}",
             f"flash-attn's backward above {ANY_GPU_WIDTH} runs on 8.0 and 9.0 only")
+
+
+def judge(head_dim: int, capability: tuple[int, int] | None, sdpa: bool,
+          backward: bool = True) -> tuple[str, tuple[str, str] | None]:
+    """(`path`, `refusal`): what runs and why flash-attn does not (None where it does), asked once. A refusal with
+    a `where` (the GPU's backward) is one sdpa, which checks no capability, would run into: the caller takes the
+    math path itself; one without (a width no GPU takes) sdpa turns from flash-attn itself."""
+    why = refusal(head_dim, capability, backward)
+    if why is None:
+        return "flash", None
+    if sdpa and head_dim > WIDEST and head_dim % HALF_ALIGNMENT == 0:
+        return "mem_efficient", why
+    return "math", why
 
 
 def path(head_dim: int, capability: tuple[int, int] | None, sdpa: bool, backward: bool = True) -> str:
@@ -39,12 +64,8 @@ def path(head_dim: int, capability: tuple[int, int] | None, sdpa: bool, backward
     parallelism, `gpu_attention.attention_sdpa_causal`), sdpa's memory-efficient kernel where the width is a multiple of
     8 (over 256: sdpa.py 3.3.1 `check_head_dim_size_mem_efficient`), holding no scores like flash; else the
     `[b, heads, s, s]` scores materialised ("math": sdpa's own math path for a width not a multiple of 8, and for
-    193-256 off 8.0 / 9.0, where sdpa would still pick flash-attn, `kernels.attention_sdpa_mask`)."""
-    if refusal(head_dim, capability, backward) is None:
-        return "flash"
-    if sdpa and head_dim > WIDEST and head_dim % HALF_ALIGNMENT == 0:
-        return "mem_efficient"
-    return "math"
+    193-256 off 8.0 / 9.0, where sdpa would still pick flash-attn, `kernels.attention_sdpa_mask`). `judge`'s first."""
+    return judge(head_dim, capability, sdpa, backward)[0]
 
 
 def fix(where: str, mla: bool | None = None, capability: tuple[int, int] | None = None, backward: bool = True) -> str:

@@ -34,49 +34,56 @@ def one_dtype(q, k, v):
 _REFUSED: set = set()  # the reasons already warned about (the rule itself: `ops.flash_width`, `config` reads it too)
 
 
-def _capability(head_dim: int, capability):
-    """`capability`, else this process's GPU's (`runtime.gpu_capability`) where the width leaves it to the GPU."""
-    if capability is None and flash_width.ANY_GPU_WIDTH < head_dim <= flash_width.WIDEST and head_dim % 8 == 0:
+def _capability(head_dim: int, capability, backward: bool = True):
+    """`capability`, else this process's GPU's (`runtime.gpu_capability`) where the width leaves it to the GPU
+    (`flash_width.capability_decides`)."""
+    if capability is None and flash_width.capability_decides(head_dim, backward):
         return runtime.gpu_capability()
     return capability
+
+
+def _words(head_dim: int, why: tuple[str, str]) -> str:
+    where, reason = why
+    return f"head_dim {head_dim}{' on ' + where if where else ''} ({reason})"
 
 
 def flash_refuses(head_dim: int, capability=None, backward: bool = True) -> str | None:
     """Why flash attention cannot run this head width (MLA's padded one, `models.mla`) on this GPU (`capability`
     None: this process's; unknown counts as able), forward and, with `backward`, backward; None where it can."""
-    why = flash_width.refusal(head_dim, _capability(head_dim, capability), backward)
-    if why is None:
-        return None
-    where, reason = why
-    return f"head_dim {head_dim}{' on ' + where if where else ''} ({reason})"
+    why = flash_width.refusal(head_dim, _capability(head_dim, capability, backward), backward)
+    return None if why is None else _words(head_dim, why)
 
 
 def _backward(*tensors) -> bool:
     """Whether autograd may take a backward through this call (as `ops.linear_loss`): not under `paddle.no_grad`
     (eval, generate, context parallelism's ring, whose backward is its own) nor of tensors that need no gradient.
-    The kernels decide it themselves, so a forward alone takes flash-attn where only its backward refuses."""
+    The kernels decide it themselves, so a forward alone takes flash-attn where only its backward refuses. Reentrant
+    recompute (`recompute(..., use_reentrant=True)`) runs its forward under `paddle.no_grad` and again with gradients
+    in the backward: where config left flash on at 193-256 (the capability unknown to it), the forward runs flash-attn
+    and the re-run the math path, so the activations differentiated equal the forward's only to rounding."""
     import paddle
 
     return paddle.is_grad_enabled() and not all(t.stop_gradient for t in tensors)
 
 
-def gpu_path(head_dim: int, sdpa: bool = False, backward: bool = True) -> str:
-    """`flash_width.path` on this process's GPU (flash, mem_efficient or math), with one warning per reason a
-    process where the scores materialise: `config.compute.flash_width` judged the width already on the GPU it knew
-    (the math path, which `plan` counts), so this fires where it could not: another GPU than planned, one of unknown
-    capability, a caller that resolved no model."""
-    capability = _capability(head_dim, None)
-    chosen = flash_width.path(head_dim, capability, sdpa, backward)
+def gpu_path(head_dim: int, sdpa: bool = False, backward: bool = True) -> tuple[str, str]:
+    """(`flash_width.path` on this process's GPU: flash, mem_efficient or math; the `where` of flash-attn's refusal,
+    "" for a width no GPU takes or none) from `flash_width.judge`, asked once, with one warning per reason a process
+    where the scores materialise: `config.compute.flash_width` judged the width already on the GPU it knew (the math
+    path, which `plan` counts, said in its note), so this fires where it could not: another GPU than planned, one of
+    unknown capability, a caller that resolved no model."""
+    capability = _capability(head_dim, None, backward)
+    chosen, why = flash_width.judge(head_dim, capability, sdpa, backward)
     if chosen == "math":
-        where, _ = flash_width.refusal(head_dim, capability, backward)
-        why = flash_refuses(head_dim, capability, backward)
-        if why not in _REFUSED:
-            _REFUSED.add(why)
-            warnings.warn(f"attention on GPU: flash-attn refuses {why}, so this process materialises the [b, heads, "
+        words = _words(head_dim, why)
+        if words not in _REFUSED:
+            _REFUSED.add(words)
+            warnings.warn(f"attention on GPU: flash-attn refuses {words}, so this process materialises the [b, heads, "
                           f"s, s] attention scores, which its kernels were not resolved for (config judged another "
-                          f"GPU, one of unknown capability, or no model); {flash_width.fix(where)}", RuntimeWarning,
+                          f"GPU, one of unknown capability, or no model); "
+                          f"{flash_width.fix(why[0], capability=capability, backward=backward)}", RuntimeWarning,
                           stacklevel=3)
-    return chosen
+    return chosen, why[0] if why else ""
 
 
 def attention_sdpa_causal(q, k, v):
@@ -88,8 +95,8 @@ def attention_sdpa_causal(q, k, v):
     import paddle.nn.functional as F
 
     q, k, v = one_dtype(q, k, v)
-    d = q.shape[-1]
-    if gpu_path(d, sdpa=True, backward=_backward(q, k, v)) == "math" and d % 8 == 0:
+    chosen, where = gpu_path(q.shape[-1], sdpa=True, backward=_backward(q, k, v))
+    if chosen == "math" and where:  # the GPU's refusal, which sdpa does not check: it would pick flash-attn
         return attention_sdpa_mask(q, k, v)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -106,7 +113,7 @@ def attention_flashmask(q, k, v, doc_start):  # pragma: no cover - GPU only
     from paddle.nn.functional import flashmask_attention
 
     q, k, v = one_dtype(q, k, v)
-    if gpu_path(q.shape[-1], backward=_backward(q, k, v)) != "flash":
+    if gpu_path(q.shape[-1], backward=_backward(q, k, v))[0] != "flash":
         return attention_sdpa_mask(q, k, v, doc_start)
     bsz, seq_len = doc_start.shape
     cols = paddle.arange(seq_len, dtype="int64").unsqueeze(0).expand([bsz, seq_len])  # [bsz, seq_len]
@@ -126,7 +133,7 @@ def block_forward_flash(q, k, v, visible=None, causal: bool = False):  # pragma:
     q, k, v = one_dtype(q, k, v)
     d = q.shape[-1]
     if ((visible is not None and not causal) or q.dtype not in (paddle.float16, paddle.bfloat16)
-            or gpu_path(d, backward=_backward(q, k, v)) != "flash"):
+            or gpu_path(d, backward=_backward(q, k, v))[0] != "flash"):
         return block_forward(q, k, v, visible, causal)  # flash attention: fp16/bf16, a head width it takes
     bsz, n_kv, n_rep, q_len, _ = q.shape
     k_len = k.shape[3]
