@@ -15,6 +15,7 @@ import re
 import socket
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,41 @@ def test_a_lone_rank_not_under_launch_sh_leaves_no_notes(tmp_path, monkeypatch):
     watchdog.start(types.SimpleNamespace(world_size=1, rank=0))
     watchdog.stop_began()
     assert progress._CURRENT is None and watchdog._ALONE is None and list(tmp_path.iterdir()) == []
+
+
+def test_the_finished_mark_is_anchored_to_the_loggers_prefix():
+    """FINISHED was searched anywhere in a line: a warning, or an INFO line quoting another run's end, counted as
+    this run's (review of 7a4d7529, item 6)."""
+    done = closing.finished(Path("out"), 4, "float32")
+    warned = logging.Formatter("[%(asctime)s] [%(levelname)8s] - %(message)s").format(
+        logging.LogRecord("pretrain_cli", logging.WARNING, __file__, 1, done, None, None))
+    assert not failure_report.FINISHED.match(warned)
+    assert not failure_report.FINISHED.match(_logged(f"an earlier run said {_logged(done)}"))
+    assert failure_report.FINISHED.match(_logged(done))
+
+
+def test_a_finished_ranks_line_has_no_stop_clause(tmp_path, monkeypatch):
+    """SIGKILLed at exit long after a stop began that followed the finish: the record was the watcher's line with its
+    stop clause ('905 s into its stop ... that checkpoint is lost ...') and then 'after the run had finished ...:
+    nothing to re-run'. A finished record's death is the bare 'died: <status>'."""
+    monkeypatch.setattr(job, "verdict_dir", lambda: tmp_path)
+    monkeypatch.setenv(stopping.LIMIT_ENV, "900")
+    monkeypatch.setattr(stopping, "_BEGAN", [])
+    monkeypatch.setattr(watchdog, "_ALONE", None, raising=False)
+    out, logs = tmp_path / "out", tmp_path / "log"
+    out.mkdir()
+    logs.mkdir()
+    watchdog.start(types.SimpleNamespace(world_size=1, rank=0))
+    try:
+        progress.mark("save", 4)
+        (logs / "workerlog.0").write_text(_logged(closing.finished(out, 4, "float32")) + "\n")
+        watchdog.stop()
+        watchdog.stop_began(clock=lambda: time.time() - 905)
+        failure_report._record_alone([_rank(-9, logs / "workerlog.0")])
+    finally:
+        progress.close_record()
+    assert job.decide(tmp_path, 247) == (0, "stop")
+    said = account.cause(tmp_path, logs, (str(out), False, None))
+    assert f"rank 0 (pid 4321 on {HOST}) died: killed by SIGKILL, at exit, after the run had finished (train: done at " \
+           "step 4; its final model is written): the run's output is complete, nothing to re-run" in said, said
+    assert "into its stop" not in said and "lost" not in said

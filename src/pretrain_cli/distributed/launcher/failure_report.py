@@ -216,8 +216,11 @@ def install() -> None:
 
 
 # the last line of a run whose final model is on disk (`training.closing.finished`, `already_complete`: this layer may
-# not import training; tests/unit/test_lone_rank_end.py ties them), after the logger's `[date] [LEVEL] - `
-FINISHED = re.compile(r"\] - (train: (?:done at step \d+|nothing trained now)); the final model")
+# not import training; tests/unit/test_lone_rank_end.py ties them), matched at the start of a log line: after the
+# logger's prefix (`training.metrics.setup_logging`: `[2026-12-07 23:55:34,057] [    INFO] - `), not anywhere in one
+# (a warning or another line quoting it says nothing of this run's end)
+FINISHED = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[\s*INFO\] - "
+                      r"(train: (?:done at step \d+|nothing trained now)); the final model")
 
 
 def _record_alone(containers) -> None:
@@ -229,7 +232,8 @@ def _record_alone(containers) -> None:
     has no watcher (`watchdog.start`), and nothing else names a death by a signal. The re-run advice is left to
     `account.cause` (`rerun`), which launch.sh gives the user's output settings. A rank whose log says this launch
     finished the run (`FINISHED`: its final model written) died at exit (an atexit handler's or the native teardown's
-    crash): kind "finished", exit 0, never retried (a re-run would train again what is done), as a launched rank of
+    crash): kind "finished", exit 0, never retried (a re-run would train again what is done), its line the bare
+    `died: <status>` (no stop clause: a stop begun after the finish lost no checkpoint), as a launched rank of
     several ends past its teardown (`runtime.end_process`) with 0. Not for an exit with a code (the CLI records its own
     errors; one without a record, 2 or 130 among them, keeps launch.sh's reading of the launcher's code: never
     retried), several ranks of a node, whose watchers decide which died first (this launcher polls its ranks once a
@@ -247,14 +251,15 @@ def _record_alone(containers) -> None:
     env = containers[0].env
     status = -code  # (as waitpid reports a death by that signal)
     rank = int(env.get("PADDLE_TRAINER_ID") or 0)
-    line = died(rank, proc.pid, socket.gethostname(), status, directory)
     log = getattr(containers[0], "_out", None)
-    done = [m.group(1) for m in map(FINISHED.search, rank_log.since(directory, log) if log else ()) if m]
-    if done:  # (its output is complete: no advice to re-run)
-        job.record(rank, 0, "finished", f"{line}, at exit, after the run had finished ({done[-1]}; its final model "
+    done = [m.group(1) for m in map(FINISHED.match, rank_log.since(directory, log) if log else ()) if m]
+    if done:  # (its output is complete: no advice to re-run, and no stop's clause: no checkpoint of it was lost)
+        bare = died(rank, proc.pid, socket.gethostname(), status, None)
+        job.record(rank, 0, "finished", f"{bare}, at exit, after the run had finished ({done[-1]}; its final model "
                    f"is written): the run's output is complete, nothing to re-run", directory,
                    local=env.get("PADDLE_LOCAL_RANK", "0"))
         return
+    line = died(rank, proc.pid, socket.gethostname(), status, directory)
     job.record(rank, processes.exit_code(status), "died", line, directory, local=env.get("PADDLE_LOCAL_RANK", "0"),
                rerun=True)
 
