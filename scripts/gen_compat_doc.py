@@ -231,9 +231,9 @@ def render() -> str:
               "batch the run trains at (PaddleFormers recomputes it over the file's value; TRAINING.md). Their "
               "hyphenated spelling is Megatron-LM's alone and refused as the others are: Megatron's "
               "`--global-batch-size` is the batch it trains at (it sets the accumulation from it), which here would "
-              "be recomputed, so its line names `gradient_accumulation_steps`. Megatron's other names, hyphenated "
-              "(`--batch-size`, `--wandb-project`; `config/megatron_flags.py`), get no did-you-mean: the nearest "
-              "key would be unrelated (`vocab_size`).\n",
+              "be recomputed, so its line names `gradient_accumulation_steps`. Megatron's other names, in either "
+              "spelling (`--wandb-project`, `wandb_project`; `config/megatron_flags.py`), get no did-you-mean: the "
+              "nearest key would be unrelated (`do_predict`).\n",
               "| Megatron-LM | here |", "|---|---|"]
     lines += [f"| `--{k.replace('_', '-')}` | {v} |" for k, v in MEGATRON.items()]
     lines += [f"| `--{k.replace('_', '-')}` | the model's config.json: `{v}` |" for k, v in MEGATRON_MODEL.items()]

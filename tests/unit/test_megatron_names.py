@@ -38,6 +38,19 @@ from pretrain_cli.errors import UserError
                         "beside the .bin with a 0 byte at each document's first token"),
     ("--ffn-hidden-size", "here the model's config.json holds it as intermediate_size"),
     ("--hidden-size", "here the model's config.json holds it as hidden_size"),
+    # Megatron flags with a key here that the no-suggestion list (config.megatron_flags) left without an answer
+    # (review of 499b0321: their nearest key, which 499b0321 stopped suggesting, was the right one)
+    ("--hidden-dropout", "here set hidden_dropout_prob"),
+    ("--attention-dropout", "here set attention_probs_dropout_prob"),
+    ("--moe-z-loss-coeff", "here set router_z_loss_coef"),
+    ("--moe-expert-capacity-factor", "here set capacity_factor"),
+    ("--eval-micro-batch-size", "here set per_device_eval_batch_size"),
+    ("--mtp-loss-scaling-factor", "here set mtp_loss_weight"),
+    ("--start-weight-decay", "here set weight_decay"),
+    ("--batch-size", "here set per_device_train_batch_size (Megatron's old name of micro-batch-size)"),
+    ("--model-parallel-size", "here set tensor_parallel_degree (Megatron's old name of tensor-model-parallel-size)"),
+    ("--batch_size", "here set per_device_train_batch_size"),
+    ("--mtp-num-layers", "here the model's config.json holds it as num_nextn_predict_layers"),
 ])
 def test_a_megatron_flag_names_the_key_to_use(typed, said):
     with pytest.raises(UserError) as e:
@@ -79,13 +92,15 @@ def test_a_blend_given_as_megatron_gives_it_names_the_quoted_value():
     assert parse_config(None, ["--input_dir", "0.3 a 0.7 b"]).data.input_dir == "0.3 a 0.7 b"
 
 
-@pytest.mark.parametrize("typed", ["--batch-size", "--model-parallel-size", "--group-query-attention",
+@pytest.mark.parametrize("typed", ["--wandb_project", "--adlr_autoresume", "--group-query-attention",
                                    "--wandb-project", "--adlr-autoresume", "--transformer-impl", "--decoder-seq-length",
                                    "--attention-softmax-in-fp32", "--dataloader-type", "--no-load-optim"])
 def test_another_megatron_flag_gets_no_unrelated_suggestion(typed):
     """A hyphenated Megatron-LM flag with no key here said 'see docs/COMPATIBILITY.md' until 827364be underscored it
     before suggesting: `batch-size` then got 'did you mean vocab_size', `model-parallel-size` sep_parallel_degree,
-    `group-query-attention` fuse_attention_qkv, `wandb-project` do_predict (config.megatron_flags)."""
+    `group-query-attention` fuse_attention_qkv, `wandb-project` do_predict (config.megatron_flags). Its underscored
+    spelling too: `wandb_project` got do_predict, `adlr_autoresume` lr_schedule_on_resume (review of 499b0321);
+    `batch-size` and `model-parallel-size`, Megatron's old names of keys here, are answered by that key above."""
     with pytest.raises(UserError) as e:
         parse_config(None, [typed, "1"])
     assert str(e.value) == f"command line: unknown key `{typed[2:]}`; see docs/COMPATIBILITY.md for the accepted keys"
@@ -107,3 +122,12 @@ def test_a_hyphenated_name_far_from_every_key_gets_none():
     with pytest.raises(UserError) as e:
         parse_config(None, ["--tensorboard-queue", "1"])
     assert str(e.value).endswith("see docs/COMPATIBILITY.md for the accepted keys")
+
+
+@pytest.mark.parametrize("typed,near", [("--lr-warmup-steps", "warmup_steps"), ("--lr-decay-steps", "decay_steps")])
+def test_a_computed_megatron_field_is_not_taken_for_a_flag(typed, near):
+    """lr_warmup_steps and lr_decay_steps are `field(init=False)` in Megatron's training_config.py, which its
+    ArgumentGroupFactory gives no flag: not Megatron's names, so their nearest key, the right one, is suggested."""
+    with pytest.raises(UserError) as e:
+        parse_config(None, [typed, "1"])
+    assert str(e.value) == f"command line: unknown key `{typed[2:]}`; did you mean `{near}`?"

@@ -1,10 +1,13 @@
 """Every argument name of Megatron-LM's training scripts (megatron/training/arguments.py at NVIDIA/Megatron-LM
 d98e8a64, its add_argument calls and the dataclass fields its ArgumentGroupFactory turns into flags), underscored.
+The factory skips a field declared `field(init=False)` (training_config.py's lr_decay_steps, lr_warmup_steps,
+wd_incr_steps, wsd_decay_steps: computed at run time, no flag), so those are not listed: their nearest key here
+(`warmup_steps`, `decay_steps`) is a right answer.
 
-A hyphenated unknown key is most often one of these, typed by a Megatron-LM user (`--batch-size`,
-`--model-parallel-size`, `--wandb-project`): none of them is a misspelling of one of our keys, so the unknown-key
-line (`config.parser._unknown`) suggests none for them, where the nearest spelling among our keys is unrelated
-(`vocab_size`, `sep_parallel_degree`, `do_predict`). The names that have a key here are answered first
+An unknown key is often one of these, typed by a Megatron-LM user in either spelling (`--batch-size`,
+`--wandb_project`): none of them is a misspelling of one of our keys, so the unknown-key line
+(`config.parser._unknown`) suggests none for them, where the nearest spelling among our keys is unrelated
+(`do_predict` for `wandb_project`). The names that have a key here are answered first
 (`config.megatron_names`); this list only keeps the others from a misleading did-you-mean.
 """
 from __future__ import annotations
@@ -121,8 +124,8 @@ log_throughput log_timers_to_tensorboard log_validation_ppl_to_tensorboard log_w
 logging_level logits_load_decode_threads logits_load_dir logits_load_ignore_errors logits_load_kd_loss_alpha
 logits_load_msc_prefetch_depth logits_load_prefetch_factor logits_save_dir logits_save_dtype logits_save_top_k
 logits_save_top_p logits_save_top_p_min_k loss_scale loss_scale_window lr lr_decay_iters lr_decay_samples
-lr_decay_steps lr_decay_style lr_warmup_fraction lr_warmup_init lr_warmup_iters lr_warmup_samples
-lr_warmup_steps lr_wsd_decay_iters lr_wsd_decay_samples lr_wsd_decay_style main_grads_dtype main_params_dtype
+lr_decay_style lr_warmup_fraction lr_warmup_init lr_warmup_iters lr_warmup_samples
+lr_wsd_decay_iters lr_wsd_decay_samples lr_wsd_decay_style main_grads_dtype main_params_dtype
 make_vocab_size_divisible_by mamba_head_dim mamba_inference_conv_states_dtype mamba_inference_ssm_states_dtype
 mamba_num_groups mamba_num_heads mamba_state_dim mamba_training_ssm_states_dtype manual_gc manual_gc_interval
 mask_factor mask_prob mask_type masked_softmax_fusion max_position_embeddings max_seqlen_per_dp_cp_rank
@@ -229,7 +232,7 @@ use_te_activation_func use_te_rng_tracker use_torch_fsdp2 use_torch_optimizer_fo
 use_tp_pp_dp_mapping use_transformer_engine_op_fuser v_head_dim valid_data_path validation_set_names
 variable_seq_lengths verify_integrity virtual_pipeline_model_parallel_size vision_backbone_type
 vision_pretraining vision_pretraining_type vocab_extra_ids vocab_file vocab_size wandb_entity wandb_exp_name
-wandb_project wandb_save_dir warmup wd_incr_steps weight_decay weight_decay_incr_style wgrad_deferral_limit
-window_attn_skip_freq window_size wsd_decay_steps yaml_cfg yarn_beta_fast yarn_beta_slow
+wandb_project wandb_save_dir warmup weight_decay weight_decay_incr_style wgrad_deferral_limit
+window_attn_skip_freq window_size yaml_cfg yarn_beta_fast yarn_beta_slow
 yarn_correction_range_round_to_int yarn_original_max_position_embeddings
 """.split())

@@ -73,6 +73,18 @@ MEGATRON = {
     "loss_scale": "scale_loss (the initial fp16 loss scale)",
     "initial_loss_scale": "scale_loss (the initial fp16 loss scale)",
     "num_workers": "dataloader_num_workers",
+    "batch_size": "per_device_train_batch_size (Megatron's old name of micro-batch-size)",
+    "model_parallel_size": "tensor_parallel_degree (Megatron's old name of tensor-model-parallel-size)",
+    "checkpoint_activations": "recompute (Megatron's old name of recompute-activations)",
+    "eval_micro_batch_size": "per_device_eval_batch_size",
+    "eval_global_batch_size": "per_device_eval_batch_size: the eval batch is it x data ranks",
+    "hidden_dropout": "hidden_dropout_prob (accepted and ignored: Llama and Qwen have no dropout)",
+    "attention_dropout": "attention_probs_dropout_prob (accepted and ignored: Llama and Qwen have no dropout)",
+    "moe_z_loss_coeff": "router_z_loss_coef",
+    "moe_expert_capacity_factor": "capacity_factor (0: dropless)",
+    "mtp_loss_scaling_factor": "mtp_loss_weight",
+    "start_weight_decay": "weight_decay (one value for the whole run: no increment schedule here)",
+    "end_weight_decay": "weight_decay (one value for the whole run: no increment schedule here)",
 }
 
 # Megatron's model-size arguments -> the model's config.json key (a model directory's, named by model_name_or_path)
@@ -82,7 +94,7 @@ MODEL = {
     "untie_embeddings_and_output_weights": "tie_word_embeddings: false", "moe_router_topk": "num_experts_per_tok",
     "moe_aux_loss_coeff": "router_aux_loss_coef", "hidden_size": "hidden_size",
     "num_attention_heads": "num_attention_heads", "max_position_embeddings": "max_position_embeddings",
-    "num_experts": "num_experts",
+    "num_experts": "num_experts", "mtp_num_layers": "num_nextn_predict_layers",
 }
 
 # Megatron's name -> the command's own arguments that can say it, before the training key: an option (`eval --data

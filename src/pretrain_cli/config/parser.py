@@ -61,14 +61,15 @@ def _unknown(key: str, where: str, options=()) -> UserError:
     abbreviation, which PaddleNLP's argparse would have taken (`--max_seq`: `max_seq_length`, not the nearer
     spelling `max_steps`). Megatron-LM's names, in either spelling, are answered with the key that says them here
     (`config.megatron_names`): their nearest spelling is often another key (`train_iters`: `eval_iters`); its
-    other hyphenated names (`config.megatron_flags`) get no suggestion, for the same reason."""
+    other names (`config.megatron_flags`), in either spelling, get no suggestion, for the same reason."""
     own = {o.lstrip("-").replace("-", "_"): o for o in options}
     name = key.replace("-", "_")  # `--micro-batch-size`: the spelling of Megatron's flags
     begun = [k for k in [*own, *KEYS] if k.startswith(name)]
-    # hyphens are Megatron's spelling: its other flags are not typos of ours (`batch-size`: not `vocab_size`), so
-    # none of its names gets a suggestion and another hyphenated name only a near-exact one (`max-step`: max_steps)
+    # Megatron's flags are not typos of ours (`wandb-project` or `wandb_project`: not `do_predict`), so none of its
+    # names gets a suggestion; hyphens are its spelling: another hyphenated name gets only a near-exact one
+    # (`max-step`: max_steps)
     hyphens = "-" in key
-    close = ([] if hyphens and name in MEGATRON_FLAGS else begun if len(begun) == 1 else
+    close = ([] if name in MEGATRON_FLAGS else begun if len(begun) == 1 else
              difflib.get_close_matches(name, [*own, *KEYS], n=1, cutoff=0.85 if hyphens else 0.6))
     if close and close[0] in own:  # eval's `--data-path`: its own --data, before Megatron's meaning
         return UserError(f"{where}: unknown option `--{key}`; did you mean `{own[close[0]]}`?")
