@@ -47,6 +47,7 @@ from pretrain_cli.errors import UserError
     ("--eval-micro-batch-size", "here set per_device_eval_batch_size"),
     ("--mtp-loss-scaling-factor", "here set mtp_loss_weight"),
     ("--start-weight-decay", "here set weight_decay"),
+    ("--ckpt-step", "here set resume_from_checkpoint (the directory output_dir/checkpoint-N of that step)"),
     ("--batch-size", "here set per_device_train_batch_size (Megatron's old name of micro-batch-size)"),
     ("--model-parallel-size", "here set tensor_parallel_degree (Megatron's old name of tensor-model-parallel-size)"),
     ("--batch_size", "here set per_device_train_batch_size"),

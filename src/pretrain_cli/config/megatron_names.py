@@ -85,6 +85,7 @@ MEGATRON = {
     "mtp_loss_scaling_factor": "mtp_loss_weight",
     "start_weight_decay": "weight_decay (one value for the whole run: no increment schedule here)",
     "end_weight_decay": "weight_decay (one value for the whole run: no increment schedule here)",
+    "ckpt_step": "resume_from_checkpoint (the directory output_dir/checkpoint-N of that step)",
 }
 
 # Megatron's model-size arguments -> the model's config.json key (a model directory's, named by model_name_or_path)
