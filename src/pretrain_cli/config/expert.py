@@ -13,31 +13,45 @@ themselves, and with both a pipeline and cp, are `config.refusals`' ep rows.
 """
 from __future__ import annotations
 
-import math
 import re
 
+from pretrain_cli.config.one_process import least_data_ranks, stated_data_parallel, stated_unmet
 from pretrain_cli.config.paddlenlp_keys import FALSE, NOTED_BY_LAYOUT
 from pretrain_cli.counts import count
 from pretrain_cli.errors import Problems
 
 
-def _more_ranks(ep: int, data_ranks: int, tp: int, pp: int, cp: int) -> str:
-    """Both ways out of an `ep` the data ranks do not divide: more processes (the fewest whose data ranks it
-    divides, the other axes kept), which is what a file written for more processes needs, or a smaller degree."""
-    ranks = math.lcm(data_ranks, ep)
+def _more_ranks(args, ep: int, data_ranks: int, tp: int, pp: int, cp: int, planned: bool) -> str:
+    """Both ways out of an `ep` the data ranks do not divide: more processes, which is what a file written for more
+    processes needs, or a smaller degree. The count is `one_process.least_data_ranks`' (the one formula the stated
+    data-parallel degree's line and `check` on one process count by): the fewest data ranks, a multiple of these
+    (the other axes kept), that also give a stated data_parallel_degree, else the fewest that give it; where none
+    does (ep 4 beside a stated 2), the stated key to remove, as its own line says there. The smaller degree only
+    where these data ranks give the stated one. `planned`: under `plan`, whose option is `--gpus`."""
+    ranks = least_data_ranks(args, of=data_ranks) or least_data_ranks(args)
+    stated = stated_data_parallel(args)
+    held = ranks is not None
+    if not held:
+        ranks = least_data_ranks(args, stated=False, of=data_ranks)
     world = ranks * tp * pp * cp
     axes = "".join(f" x {n} {d}" for n, d in (("tp", tp), ("pp", pp), ("cp", cp)) if d > 1)
-    smaller = "remove the key (1: off)" if data_ranks == 1 else f"use a divisor of {data_ranks} (1: off)"
-    return (f"does not divide the {count(data_ranks, 'data rank')} (dp x sharding) it is drawn from; run it on "
-            f"{count(world, 'process')} ({count(ranks, 'data rank')}{axes}: `check --world_size {world}`, "
-            f"`NPROC={world} scripts/launch.sh` on CPU), or {smaller}")
+    how = (f"`plan --gpus {world}`" if planned else
+           f"`check --world_size {world}`, `NPROC={world} scripts/launch.sh` on CPU")
+    run = f"run it on {count(world, 'process')} ({count(ranks, 'data rank')}{axes}: {how})"
+    if not held:
+        run = f"remove {' and '.join(k for k, _ in stated)} and {run}"
+    smaller = ("" if stated_unmet(args, data_ranks) else "remove the key (1: off)" if data_ranks == 1 else
+               f"use a divisor of {data_ranks} (1: off)")
+    unheld = "" if held else f", and no process count gives it with {' and '.join(f'{k} {d}' for k, d in stated)}"
+    return (f"does not divide the {count(data_ranks, 'data rank')} (dp x sharding) it is drawn from{unheld}; "
+            f"{run}{f', or {smaller}' if smaller else ''}")
 
 
 def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, stage: int,
-                  problems: Problems, asked: int | None = None) -> int:
+                  problems: Problems, asked: int | None = None, planned: bool = False) -> int:
     """`expert_parallel_degree` as `distributed.steps.expert_parallel` runs it, for a layout of `data_ranks` (dp ×
     sharding) data ranks; 1 when off or refused (every problem named). `asked`: the degree asked for where the key
-    does not state it (`paddlenlp_expert_parallel`'s)."""
+    does not state it (`paddlenlp_expert_parallel`'s); `planned`: under `plan` (the option its count is named by)."""
     ep = max(args.training.expert_parallel_degree if asked is None else asked, 1)  # -1, 0 and 1 all mean off
     if ep == 1:
         return 1
@@ -50,7 +64,7 @@ def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, s
                       "decoder_sparse_step or mlp_only_layers make every layer dense)" if experts else "")
                       + ": remove the key"),
                      (experts and experts % ep, f"does not divide num_experts ({experts}); use a divisor of it"),
-                     (data_ranks % ep, _more_ranks(ep, data_ranks, tp, pp, cp)),
+                     (data_ranks % ep, _more_ranks(args, ep, data_ranks, tp, pp, cp, planned)),
                      (cp > 1 and tp > 1 or stage == 3 or stage == 2 and tp == pp == cp == 1,
                       ""),  # config.refusals' ep rows
                      (args.model.capacity_factor > 0, "runs dropless (each rank sees its expert group's tokens, not "

@@ -9,6 +9,8 @@ import math
 from pretrain_cli.config.pipeline import resolve_pipeline
 from pretrain_cli.errors import Problems
 
+_AXES = ("tensor_parallel_degree", "pipeline_parallel_degree", "sep_parallel_degree", "context_parallel_degree")
+
 
 def fewest_processes(args) -> tuple[int, str]:
     """(the fewest processes the file's parallel keys run on, the degrees that make it, e.g. "pipeline_parallel_degree
@@ -17,8 +19,7 @@ def fewest_processes(args) -> tuple[int, str]:
     one that passes). A stated data-parallel degree no count gives with the other keys is left out (its refusal says
     to remove it). (1, "") for a file without them."""
     t = args.training
-    axes = [(k, max(getattr(t, k), 1)) for k in ("tensor_parallel_degree", "pipeline_parallel_degree",
-                                                 "sep_parallel_degree", "context_parallel_degree")]
+    axes = [(k, max(getattr(t, k), 1)) for k in _AXES]
     ranks = least_data_ranks(args)
     held = ranks is not None
     if not held:
@@ -70,20 +71,45 @@ def stated_unmet(args, ranks: int, sharding_key: int | None = None) -> list[tupl
     return [(k, d, dp) for k, d in stated_data_parallel(args) if d not in (dp, ranks)]
 
 
-def least_data_ranks(args, stated: bool = True) -> int | None:
+def least_data_ranks(args, stated: bool = True, of: int = 1) -> int | None:
     """The fewest data ranks the file's keys run on: a multiple of expert_parallel_degree and, under a sharding
     stage, of sharding_parallel_degree (`config.parallel` refuses a world they do not divide), giving (`stated`)
     every stated data-parallel degree (`stated_unmet`); None where no count gives them all (a stated 2 with
-    expert_parallel_degree 4: the refusal then names the key to remove, not a count)."""
+    expert_parallel_degree 4: the refusal then names the key to remove, not a count). `of`: a count the data ranks
+    must also be a multiple of (`config.expert`'s fewest more processes, the layout's data ranks kept)."""
+    given = _given_data_ranks(args, of) if stated and stated_data_parallel(args) else [_step(args, of)]
+    return given[0] if given else None
+
+
+def stated_process_counts(args) -> list[int] | None:
+    """Every process count that gives the data-parallel degrees the file states, tp x pp x sep x cp x the data ranks
+    `least_data_ranks` searches (at most two a stated degree: it is the data ranks, or PaddleNLP's dp of them); None
+    for a file that states none (then every multiple of `fewest_processes` runs), [] where no count gives them with
+    the other keys. What `orchestration.host_fit` offers for N, where most multiples are refused."""
+    if not stated_data_parallel(args):
+        return None
+    return [ranks * _axes_product(args) for ranks in _given_data_ranks(args, 1)]
+
+
+def _step(args, of: int) -> int:
+    """The least common multiple of what must divide the data ranks: expert_parallel_degree, under a sharding stage
+    sharding_parallel_degree, and `of`."""
     t = args.training
-    sharding = max(t.sharding_parallel_degree, 1)
-    step = math.lcm(max(t.expert_parallel_degree, 1), sharding if t.sharding.strip() else 1)
-    wanted = [d for _, d in stated_data_parallel(args)] if stated else []
-    # a stated d is given at d or d x sharding data ranks only: the search stops past the largest of them
-    for ranks in range(step, step * math.prod(wanted) * sharding + 1, step):
-        if not (wanted and stated_unmet(args, ranks)):
-            return ranks
-    return None
+    return math.lcm(max(t.expert_parallel_degree, 1), max(t.sharding_parallel_degree, 1) if t.sharding.strip() else 1,
+                    of)
+
+
+def _given_data_ranks(args, of: int) -> list[int]:
+    """The multiples of `_step` that give every stated degree (`stated_unmet`), fewest first. A stated d is given at
+    d or d x sharding data ranks only: the search stops past the largest of them."""
+    step = _step(args, of)
+    last = step * math.prod(d for _, d in stated_data_parallel(args)) * max(args.training.sharding_parallel_degree, 1)
+    return [ranks for ranks in range(step, last + 1, step) if not stated_unmet(args, ranks)]
+
+
+def _axes_product(args) -> int:
+    """tp x pp x sep x cp: the processes of one data rank."""
+    return math.prod(max(getattr(args.training, k), 1) for k in _AXES)
 
 
 def _launch_words(need: int, device: str) -> str:

@@ -43,7 +43,8 @@ def degree(value: int) -> int:
     return max(value, 1)
 
 
-def _stated_data_ranks(args: Arguments, world: int, degrees: dict, runs, problems: Problems) -> None:
+def _stated_data_ranks(args: Arguments, world: int, degrees: dict, runs, problems: Problems,
+                       planned: bool = False) -> None:
     """A data-parallel degree the file states (PaddleNLP's `data_parallel_degree`, PaddleFormers' `data_parallel_size`:
     keys without effect here, the data ranks computed from the world and the other degrees) that this layout does not
     give is refused: the run would train on other data ranks, so on another global batch, than the file says. One rule,
@@ -52,7 +53,8 @@ def _stated_data_ranks(args: Arguments, world: int, degrees: dict, runs, problem
     ranks, dp x sharding. The line names only fixes that rule passes: under a stage, the sharding degree that leaves
     the stated dp; the fewest processes that give it (`least_data_ranks`); else removing the key, and only where
     `runs(sharding, data ranks)` (no `config.refusals` row refuses them). `degrees`: the layout's tp, pp and cp, none
-    refused (a refused degree's reset would make the advice wrong: this is not asked then)."""
+    refused (a refused degree's reset would make the advice wrong: this is not asked then). `planned`: under `plan`,
+    whose option for the processes is `--gpus` (`check`'s is `--world_size`)."""
     t = args.training
     others = degrees["tp"] * degrees["pp"] * degrees["cp"]
     ranks, least, stage = world // others, least_data_ranks(args), bool(t.sharding.strip())
@@ -66,7 +68,8 @@ def _stated_data_ranks(args: Arguments, world: int, degrees: dict, runs, problem
                 sharding, ranks):
             fixes.append(f"set sharding_parallel_degree: {sharding} (ZeRO over the rest)")
         if least is not None and not refused:
-            fixes.append(f"run it on {least * others} processes (`check --world_size {least * others}`)")
+            option = "plan --gpus" if planned else "check --world_size"
+            fixes.append(f"run it on {least * others} processes (`{option} {least * others}`)")
         if refused:
             why = f"on {least * others} processes, which give it, this layout is refused"
         else:  # (no count gives it: the keys it is held against)
@@ -153,10 +156,10 @@ def resolve_parallel(args: Arguments, model_cfg, target: Target, notes: list, pr
         notes.append("sharding: offload is not available with Paddle's sharded optimizer (dist.shard_optimizer / "
                      "fleet); ignored, and plan does not count it")
     ep = expert_degree(args, model_cfg, rest, tp, pp, cp, stage if sharding * cp > 1 else 0, problems,
-                       implied if implied > 1 else None)
+                       implied if implied > 1 else None, target.planned)
     if not quiet and len(problems.items) == mark:  # (nor after expert_parallel_degree's refusal)
         _stated_data_ranks(args, world * pp, dict(tp=tp, pp=pp, cp=cp), lambda shards, data: not refusals(
-            replace(layout, sharding=shards, data=data, ep=ep)), problems)
+            replace(layout, sharding=shards, data=data, ep=ep)), problems, target.planned)
     # routed experts over expert groups, or multi-head latent attention without ZeRO-3: the `tp` step's split, not
     # semi-auto's (MLA's tp with ZeRO-3 runs on the semi-auto engine, whose placements shard the parameters)
     zero3 = stage == 3 and sharding * cp > 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pretrain_cli.config.one_process import fewest_processes
+from pretrain_cli.config.one_process import fewest_processes, stated_data_parallel, stated_process_counts
 from pretrain_cli.planning import hardware
 from pretrain_cli.planning.memory import GIB, estimate, startup_parts
 from pretrain_cli.planning.plan import Device, setup_for
@@ -88,16 +88,24 @@ def check(run, model_cfg, config_path: str | None, processes: int = 1,
 def gpu_question(args) -> str:
     """What a refusal for this machine's memory adds when the user did not ask for a CPU run (no `device: cpu`):
     the file was resolved to this CPU only because this Paddle has no GPU build (a login node), and the question
-    its author means, whether it fits the GPUs it is written for, is `plan`'s (`--device`: `planning.hardware`)."""
+    its author means, whether it fits the GPUs it is written for, is `plan`'s (`--device`: `planning.hardware`).
+    The N offered passes `config.parallel`: a multiple of the fewest processes, or, where the file states a
+    data-parallel degree, which pins the data ranks, the counts that give it (`one_process.stated_process_counts`)."""
     if args.training.device == "cpu":
         return ""
     where = {"command line": "the command line"}.get(args.explicit.get("device"), "the file")
     said = f"{where} asks for device gpu" if "device" in args.explicit else "the file does not set device"
-    least = fewest_processes(args)[0]
+    least, counts = fewest_processes(args)[0], stated_process_counts(args)
+    stated = " and ".join(f"{k} {d}" for k, d in stated_data_parallel(args))
+    if counts:
+        which = f", {' or '.join(map(str, counts))}: {stated} pin{'s' if ' and ' not in stated else ''} the data ranks"
+    else:  # (no stated degree, or one no count gives: `fewest_processes` counts without it)
+        which = f", a multiple of {least}" if least > 1 else ""
+        which += f", without {stated}: no count gives it with the other keys" if counts == [] else ""
     return (f"; {said} and this Paddle has no GPU build, so this is the run on this machine's CPU: for GPUs, ask "
             f"`pretrain-cli plan {args.config_path or 'FILE'} --device H100` (or another of plan's --device names), "
             f"and check it as their launch with `pretrain-cli check {args.config_path or 'FILE'} --world_size N` "
-            f"(N: the GPUs{f', a multiple of {least}' if least > 1 else ''})")
+            f"(N: the GPUs{which})")
 
 
 def _what_fits(run, model_cfg, room: float, config_path: str | None) -> str:

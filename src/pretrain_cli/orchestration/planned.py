@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from pretrain_cli.config import resolve as resolve_rules
 from pretrain_cli.config.compute import attention_words
-from pretrain_cli.config.one_process import stated_data_parallel
+from pretrain_cli.config.one_process import stated_data_parallel, stated_unmet
 from pretrain_cli.config.parallel import degree
 from pretrain_cli.config.keys import KEYS, coerce
 from pretrain_cli.config.parser import Arguments
@@ -169,11 +169,11 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
     found = fit_search.fit(current, base, as_written, replan, budget, margin, carried, notes, args.config_path,
                            progress, fewer)
     if not levels or base.precision.amp_level != "O1" or not base.device.peak_tflops:
-        return _stated(_kept(found, found, current, base, replan, budget, carried), stated, replan)
+        return _stated(_kept(found, found, current, base, replan, budget, carried), stated, replan, args)
     if "fp16_opt_level" in args.explicit:  # the file's level is kept: O2's search (40 % of the time) not run
         found = {**found, "notes": [*found["notes"], "precision: the file sets fp16_opt_level O1, so --fit keeps it "
                                                      "(without the key it tries O2 too)"]}
-        return _stated(_kept(found, found, current, base, replan, budget, carried), stated, replan)
+        return _stated(_kept(found, found, current, base, replan, budget, carried), stated, replan, args)
     # a half-precision O1 file: O2 (half weights, fp32 master weights and AdamW state) searched too, as a lever
     o2_args = with_changes(searched, {"fp16_opt_level": "O2"})
     o2_base = plan(o2_args, model_cfg, device, gpus, mfu, False, baseline_bytes, peak_tflops, node)
@@ -182,7 +182,7 @@ def fit(args: Arguments, model_cfg, device: str, gpus: int = 1, mfu: float | Non
                         budget, margin, [*carried, ("fp16_opt_level", "O1", "O2")], list(notes), args.config_path,
                         progress)
     best = pick_precision(found, o2, base.precision.amp_dtype, bool(searched.training.amp_master_grad))
-    return _stated(_kept(best, found, current, base, replan, budget, carried), stated, replan)
+    return _stated(_kept(best, found, current, base, replan, budget, carried), stated, replan, args)
 
 
 def _unstated(args: Arguments) -> Arguments:
@@ -196,19 +196,21 @@ def _unstated(args: Arguments) -> Arguments:
     return out
 
 
-def _stated(found: dict, stated: list[tuple[str, int]], replan) -> dict:
+def _stated(found: dict, stated: list[tuple[str, int]], replan, args: Arguments) -> dict:
     """`found` with each data-parallel degree the file states (`stated`: (key, degree)) set to the one the chosen
     layout gives, in its change and diff, so `-o`'s file is one `train` runs (`config.parallel` refuses a stated
-    degree the layout does not give): the stated one where it still holds (the layout's dp, or its data ranks, dp
-    x sharding: PaddleNLP's and the refusal's), else the layout's dp, world / (sharding x tp x pp x cp) as PaddleNLP
-    computes it."""
+    degree the layout does not give): the stated one where it still holds by the refusal's own rule
+    (`one_process.stated_unmet` on `args`, the file, with the chosen change: PaddleNLP's dp, world //
+    (sharding_parallel_degree x tp x sep x cp x pp), its sharding degree counted without a stage too, or the data
+    ranks), else the layout's dp."""
     if not stated or found["after"] is None:
         return found
     chosen = replan({k: v for k, v in found["change"].items() if k in KEYS})
     if chosen is None:  # (planned already by the search: not expected)
         return found
-    dp, ranks = chosen.parallel.dp, chosen.parallel.data_ranks
-    moved = [(key, old, old if old in (dp, ranks) else dp) for key, old in stated]
+    unmet = {k for k, _, _ in stated_unmet(with_changes(args, {k: v for k, v in found["change"].items() if k in KEYS}),
+                                           chosen.parallel.data_ranks)}
+    moved = [(key, old, chosen.parallel.dp if key in unmet else old) for key, old in stated]
     return {**found, "change": {**found["change"], **{k: new for k, _, new in moved}},
             "diff": [*found["diff"], *((k, old, new) for k, old, new in moved if new != old)]}
 
