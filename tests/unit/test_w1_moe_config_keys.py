@@ -71,6 +71,12 @@ def test_qwens_moe_keys_in_a_deepseek_config_are_refused_or_left_to_transformers
     inert = {"decoder_sparse_step": 1, "mlp_only_layers": [], "shared_expert_intermediate_size": 0,
              "moe_layer_freq": 1}[key]
     assert ModelConfig.from_dict({**d, key: inert}).sparse_layers == [1, 2]
+    from types import SimpleNamespace
+
+    from pretrain_cli.config.moe import aux_coefficient
+
+    unset = SimpleNamespace(model=SimpleNamespace(router_aux_loss_coef=None))  # the balance weight the run uses
+    assert aux_coefficient(unset, cfg) == 1e-4  # (a Qwen key neither sets nor moves DeepSeek's weight)
 
 
 def test_a_deepseek_router_aux_loss_coef_is_paddleformers_balance_weight():
