@@ -18,7 +18,7 @@ import sys
 import traceback
 
 from pretrain_cli.errors import UserError, os_error_line
-from pretrain_cli.runtime import collective_failure
+from pretrain_cli.runtime import PEER_LOST, collective_failure
 
 # name -> (module, one-line help, takes an argument file + --key value overrides)
 COMMANDS = {
@@ -290,11 +290,6 @@ def _main(argv: list[str] | None, prog: str | None = None) -> int:
             line = next(iter(str(e).strip().splitlines()), "")
             _verdict(1, "crashed", f"{type(e).__name__}: {line}".rstrip(": ")[:300])
         raise
-
-
-# an errno-less OSError's words that say a peer went away; not "nccl" or "timed out", which an NCCL setup failure of
-# this rank (its /dev/shm full) or a socket's own timeout says too: those are this rank's system end
-PEER_LOST = ("reset by peer", "closed by peer", "broken pipe", "gloo/transport/tcp")
 
 
 def _peer_lost(e: OSError) -> bool:

@@ -318,7 +318,11 @@ def end_process(code: int) -> None:
     os._exit(code)
 
 
-COLLECTIVE_FAILURES = ("gloo", "nccl", "closed by peer", "reset by peer", "timed out", "broken pipe")
+# the words of a peer gone (gloo's socket, NCCL's `remote process exited or there was a network error`), a narrower
+# test than COLLECTIVE_FAILURES for an errno-less OSError, which an NCCL setup failure of this rank or a socket's
+# own timeout raises too (`cli`)
+PEER_LOST = ("reset by peer", "closed by peer", "broken pipe", "gloo/transport/tcp", "remote process exited")
+COLLECTIVE_FAILURES = ("gloo", "nccl", "timed out") + PEER_LOST[:3]
 
 
 def collective_failure(e: Exception) -> bool:

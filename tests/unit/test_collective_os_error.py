@@ -26,8 +26,15 @@ def _main_raising(monkeypatch, tmp_path, error):
     return lambda: cli.main(["train", "x.json"])
 
 
-def test_a_collective_error_raised_as_an_os_error_is_not_this_ranks_system_end(monkeypatch, tmp_path, capsys):
-    main = _main_raising(monkeypatch, tmp_path, OSError(RESET))
+NCCL_LOST = ("(External) NCCL error(6), remote process exited or there was a network error. Detail: "
+             "[Hint: 'ncclRemoteError'. A call failed possibly due to a network error or a remote process exiting "
+             "prematurely.]")
+
+
+@pytest.mark.parametrize("text", [RESET, NCCL_LOST], ids=["gloo-reset", "nccl-remote"])
+def test_a_collective_error_raised_as_an_os_error_is_not_this_ranks_system_end(monkeypatch, tmp_path, capsys, text):
+    """NCCL's words for a lost peer too (a GPU job's survivor), not only gloo's."""
+    main = _main_raising(monkeypatch, tmp_path, OSError(text))
     with pytest.raises(OSError):
         main()
     assert not (tmp_path / "rank-0.json").exists()
