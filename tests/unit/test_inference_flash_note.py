@@ -87,3 +87,43 @@ def test_the_fix_at_a_width_no_gpu_takes_names_the_bound_of_the_gpu_named():
     assert flash_width.fix("", False) == f"{keys} 192 (256 on compute capability 8.0 / 9.0)"
     assert flash_width.fix("compute capability 8.9", False, (8, 9)) == \
         f"{keys} 192, or run on a GPU of compute capability 8.0 / 9.0 (A100, H100)"
+
+
+def test_eval_config_judges_the_width_as_a_forward_on_the_model_it_loads():
+    """`eval --config` ran `train`'s judgement (with a backward) on the config's model: width 200 on an L40S took
+    the math path and printed train's note, while `eval --model` of the same run ran flash-attn (review R16 of
+    f346fc85, item 1). `compute.forward_kernels` judges a forward alone, on the model eval loads."""
+    from pretrain_cli.config.resolve import resolve
+
+    wide = _model("micro-deepseek-v3", qk_nope_head_dim=136, qk_rope_head_dim=64)
+    args = parse_config(None, ["--output_dir", "o", "--input_dir", "d", "--do_train", "--max_steps", "5",
+                               "--device", "gpu", "--bf16", "true", "--use_flash_attention", "true"])
+    run = resolve(args, wide, L40S)
+    assert run.kernels.attention == "math" and any(n.startswith(compute.WIDTH_NOTE) for n in run.notes)
+    evaluated = compute.forward_kernels(run, args, wide, L40S)
+    assert evaluated.kernels.attention == "flash"
+    assert not any(n.startswith(compute.WIDTH_NOTE) for n in evaluated.notes)
+    narrow = _model("micro-deepseek-v3", qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, kv_lora_rank=12)
+    loaded = compute.forward_kernels(resolve(args, _model("micro-deepseek-v3"), L40S), args, narrow, L40S)
+    assert loaded.kernels.attention == "math"
+    assert [f"note: {n}\n" for n in loaded.notes if n.startswith(compute.WIDTH_NOTE)] == [NOTE_12]
+
+
+def test_eval_config_builds_the_model_it_loads_with_the_forwards_kernels(tmp_path, capsys, monkeypatch):
+    """`eval --config` hands `forward_kernels`' run (judged on the model it loads, not the config's) to the model it
+    builds: it built `train`'s resolved run as it was."""
+    from pretrain_cli.cli import main as cli_main
+    from pretrain_cli.training import weight_source
+    from test_inference_kernels import _fp16_run
+
+    monkeypatch.setattr(targets, "inference_target", lambda: L40S)
+    judged, asked, real, load = [], [], compute.forward_kernels, weight_source.load_for_inference
+    monkeypatch.setattr(compute, "forward_kernels", lambda run, args, cfg, target: judged.append(
+        (cfg, target, real(run, args, cfg, target))) or judged[-1][2])
+    monkeypatch.setattr(weight_source, "load_for_inference", lambda model_dir, cfg, seed, request=None, device=None:
+                        asked.append((cfg, request, device)) or load(model_dir, cfg, seed))
+    _, config, _ = _fp16_run(tmp_path, "bf16")
+    code, err = cli_main(["eval", "--config", config, "--use_flash_attention", "true", "--json"]), capsys.readouterr()
+    assert code == 0, err
+    (cfg, target, run), = judged
+    assert asked == [(cfg, run.kernels, "gpu")] and target == L40S and run.kernels.attention == "flash"

@@ -187,6 +187,7 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
     started, is never read."""
     from pretrain_cli.orchestration.prepare import prepare
     from pretrain_cli.orchestration.targets import inference_kernels, inference_target
+    from pretrain_cli.config.compute import forward_kernels
     from pretrain_cli.config.parser import parse_config
     from pretrain_cli.orchestration.recorded import SPLIT_KEYS, data_ranks, differences, idle_kernel_keys, no_effect
     from pretrain_cli.orchestration.recorded_paths import (evaluated_model, input_dir_of, record_of, run_output,
@@ -215,7 +216,8 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
         changes.update(read_from)
         if note:
             print(note, file=sys.stderr)
-    spec = prepare(ns.config, overrides, inference_target(), changes, record="arguments",  # (as the run took them)
+    target = inference_target()
+    spec = prepare(ns.config, overrides, target, changes, record="arguments",  # (as the run took them)
                    command="eval")
     # (--fp16 true on CPU changes no kernel: said, as for --data; `changes` set no kernel key, so the file parsed
     # once, by `prepare`, is the one to judge, and again only without each kernel key given)
@@ -233,7 +235,9 @@ def _main_config(ns: argparse.Namespace, overrides: list[str]) -> int:
         raise UserError(f"{model_key}: vocab_size {cfg.vocab_size} differs from the config's model "
                         f"({spec.model_cfg.vocab_size}); evaluate the model this config trains")
     _dropless_note(ns.config, cfg, spec.run.moe.capacity_factor)
-    model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(spec.run))  # as `train` runs it
+    # as `train` runs it, but a forward alone of the model loaded (`forward_kernels`: flash-attn at 193-256 anywhere)
+    run = forward_kernels(spec.run, spec.args, cfg, target)
+    model, source = load_for_inference(model_dir, cfg, ns.seed, *inference_kernels(run))
     _random_init(model_name, model_dir, source, ns.seed)
     t0 = time.perf_counter()
     # what the run's own evaluation read: its iterations' global batches, on each of its data ranks a slice

@@ -137,6 +137,20 @@ def flash_width(kernels: KernelConfig, model_cfg, target: Target, cp: int, mask:
     return replace(kernels, attention="math")
 
 
+def forward_kernels(run: RunConfig, args: Arguments, model_cfg, target: Target) -> RunConfig:
+    """`run` as `eval --config` computes it: a forward alone, in one process, of `model_cfg` (the model it loads,
+    whose width need not be the config's) under the run's mask. `config.resolve` judged the width as `train`'s,
+    with a backward: 193-256 off compute capability 8.0 / 9.0 took the math path, where a forward alone (and
+    `eval --model` for the same run) runs flash-attn. The request before that judgement is `resolve_kernels`' on
+    the run's precision; its width note is replaced by this judgement's."""
+    here = replace(target, device=run.device)
+    asked = resolve_kernels(args, here, run.precision, []).attention
+    notes = [note for note in run.notes if not note.startswith(WIDTH_NOTE)]
+    kernels = flash_width(replace(run.kernels, attention=asked), model_cfg, here, 1, run.data.attention_mask_type,
+                          notes, False)
+    return replace(run, kernels=kernels, notes=tuple(notes))
+
+
 # the keys `kernels_for` reads (`resolve_precision` for the attention rule, `resolve_kernels`): the training keys that
 # change how `eval` and `generate` compute (`orchestration.recorded.no_effect`)
 KERNEL_KEYS = ("use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_fused_linear_cross_entropy",
