@@ -10,8 +10,8 @@ q, k, v of one head width, a multiple of 8 up to 256), sdpa recording the backen
 A head width flash-attn refuses (the parity micro MLA's 12: qk 8 + 4, v 6) stopped a document-masked GPU run in
 `flashmask_attention`, and a width above 192 stopped the first backward on a GPU other than compute capability
 8.0 / 9.0 (`CHECK_BWD_EXECTUABLE`), where Paddle's sdpa picks flash-attn all the same: both failed here on the code
-before `ops.gpu_attention.flash_refuses`. A forward alone (eval, generate, the context-parallel ring) runs flash-attn
-there, and over 256 the causal path runs sdpa's memory-efficient kernel (`ops.flash_width.path`).
+before `ops.gpu_attention.gpu_path`'s fallbacks. A forward alone (eval, generate, the context-parallel ring) runs
+flash-attn there, and over 256 the causal path runs sdpa's memory-efficient kernel (`ops.flash_width.path`).
 """
 import dataclasses
 import functools
@@ -230,28 +230,35 @@ def test_over_256_the_causal_path_runs_sdpas_memory_efficient_kernel_unwarned(mo
                                                  "multiples of 8 up to 256), so this process materialises")
 
 
-@pytest.mark.parametrize("backward,bound", [(True, "192 (256 on compute capability 8.0 / 9.0)"), (False, "256")])
-def test_the_warning_at_a_width_no_gpu_takes_names_the_widest_head_that_runs(monkeypatch, backward, bound):
+@pytest.mark.parametrize("capability,backward,bound", [((8, 9), True, "192 (256 on compute capability 8.0 / 9.0)"),
+                                                        ((9, 0), True, "256"), ((9, 0), False, "256"),
+                                                        ((8, 9), False, "256")])
+def test_the_warning_at_a_width_no_gpu_takes_names_the_widest_head_that_runs(monkeypatch, capability, backward, bound):
     """Width 12 (the parity micro MLA's), which flash-attn takes on no GPU: the fix names 256 where it runs (a forward
-    alone runs it on every SM 8.x; with a backward, 8.0 / 9.0), not "at most 192" alone (review R10 of ed329682)."""
-    _, said = _gpu_attention_calls(monkeypatch, (9, 0), 12, backward=backward)
+    alone runs it on every SM 8.x; with a backward, 8.0 / 9.0), not "at most 192" alone (review R10 of ed329682), on
+    the GPU this process runs on: an H100's backward says 256, as config's note does (review R16 of 0da8d41e: the
+    device was asked only at 193-256, so it said "192 (256 on ...)" there)."""
+    _, said = _gpu_attention_calls(monkeypatch, capability, 12, backward=backward)
     assert len(said) == 1 and said[0].startswith("attention on GPU: flash-attn refuses head_dim 12 (flash-attn takes "
                                                  "multiples of 8 up to 256), so this process materialises"), said
     assert said[0].endswith(f"v_head_dim)) must be a multiple of 8 of at most {bound}"), said
 
 
 def test_flash_attentions_head_width_rule():
-    """`flash_refuses` and `flash_width.path`, the one rule of the three GPU attention paths (flash_attn.cu's two
-    checks, sdpa.py's choice of kernel) and of `config.compute.flash_width`."""
+    """`flash_width.refusal` (in `gpu_path`'s words) and `flash_width.path`, the one rule of the three GPU attention
+    paths (flash_attn.cu's two checks, sdpa.py's choice of kernel) and of `config.compute.flash_width`."""
+    def refuses(width, capability, backward=True):
+        why = flash_width.refusal(width, capability, backward)
+        return None if why is None else gpu_attention._words(width, why)
+
     # DeepSeek-V2/V3's MLA width, on compute capability 8.x and 9.0 (Blackwell's 10.0 / 12.0 unverified: mla.py)
-    assert gpu_attention.flash_refuses(192, (8, 6)) is None
-    assert gpu_attention.flash_refuses(128, (7, 5)) is None  # (pre-Ampere GPUs never ask: `config.resolve` runs math)
-    assert gpu_attention.flash_refuses(256, (8, 0)) is None and gpu_attention.flash_refuses(256, (9, 0)) is None
-    assert gpu_attention.flash_refuses(256, (8, 9)).startswith("head_dim 256 on compute capability 8.9")
-    assert gpu_attention.flash_refuses(256, (8, 9), backward=False) is None  # its forward runs on every SM 8.x
+    assert refuses(192, (8, 6)) is None
+    assert refuses(128, (7, 5)) is None  # (pre-Ampere GPUs never ask: `config.resolve` runs math)
+    assert refuses(256, (8, 0)) is None and refuses(256, (9, 0)) is None
+    assert refuses(256, (8, 9)).startswith("head_dim 256 on compute capability 8.9")
+    assert refuses(256, (8, 9), backward=False) is None  # its forward runs on every SM 8.x
     for width in (12, 20, 264):
-        assert gpu_attention.flash_refuses(width, (9, 0)) == \
-            f"head_dim {width} (flash-attn takes multiples of 8 up to 256)"
+        assert refuses(width, (9, 0)) == f"head_dim {width} (flash-attn takes multiples of 8 up to 256)"
     paths = {(w, cap, sdpa, backward): flash_width.path(w, cap, sdpa, backward)
              for w in (12, 200, 260, 264) for cap in ((8, 6), (9, 0)) for sdpa in (True, False)
              for backward in (True, False)}

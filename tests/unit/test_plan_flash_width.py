@@ -1,6 +1,6 @@
 """`plan` and the resolved run know where flash attention will not run on the GPU: flash-attn refuses a head width
 not a multiple of 8 up to 256 on every GPU, and one above 192 off compute capability 8.0 / 9.0 (its backward:
-`ops.flash_width`), where the attention paths materialise the scores at run time (`ops.gpu_attention.flash_refuses`).
+`ops.flash_width`), where the attention paths materialise the scores at run time (`ops.gpu_attention.gpu_path`).
 The plan counted flash's memory there all the same and its `kernels:` words named flash-attn; now `config.resolve`
 turns such a run to the materialised path with one line, for the GPU planned (the table's compute capability:
 `planning.hardware.CAPABILITY`) or the one `train` runs on (the driver's). The width is MLA's padded one,
@@ -81,7 +81,7 @@ def test_a_width_no_gpu_takes_materialises_on_an_h100_too(write_args, tmp_path):
                         f"multiples of 8 up to 256): planned with the scores materialised; {MLA_FIX_256}"]
 
 
-def test_deepseek_v3s_192_runs_flash_on_every_ampere_or_later_gpu(write_args, tmp_path):
+def test_deepseek_v3s_192_runs_flash_on_the_l40s_a10_rtx4090_and_h100(write_args, tmp_path):
     for device in ("L40S", "A10", "RTX4090", "H100"):
         r = _plan(write_args, tmp_path, device, model=("micro-deepseek-v3", {"qk_nope_head_dim": 128,
                                                                              "qk_rope_head_dim": 64}))

@@ -17,6 +17,7 @@ ANY_GPU_WIDTH = 192  # the widest head flash-attn runs forward and backward on e
 WIDEST = 256  # its forward's widest head (a multiple of 8)
 HALF_ALIGNMENT = 8  # sdpa.py `minimum_gemm_alignment` for fp16/bf16: its memory-efficient kernel's width rule
 PATHS = ("flash", "mem_efficient", "math")  # what `path` answers
+WIDE_NAMES = " / ".join(f"{major}.{minor}" for major, minor in BACKWARD_WIDE)  # "8.0 / 9.0", as `fix` says them
 
 
 def width_refused(head_dim: int) -> bool:
@@ -42,7 +43,7 @@ def refusal(head_dim: int, capability: tuple[int, int] | None, backward: bool = 
     if not capability_decides(head_dim, backward) or capability is None or tuple(capability) in BACKWARD_WIDE:
         return None
     return (f"compute capability {capability[0]}.{capability[1]}",
-            f"flash-attn's backward above {ANY_GPU_WIDTH} runs on 8.0 and 9.0 only")
+            f"flash-attn's backward above {ANY_GPU_WIDTH} runs on {WIDE_NAMES.replace(' / ', ' and ')} only")
 
 
 def judge(head_dim: int, capability: tuple[int, int] | None, sdpa: bool,
@@ -71,15 +72,15 @@ def path(head_dim: int, capability: tuple[int, int] | None, sdpa: bool, backward
 def fix(where: str, mla: bool | None = None, capability: tuple[int, int] | None = None, backward: bool = True) -> str:
     """How to get flash attention back, naming the keys that set the width (`mla` None: both kinds of model's) and
     the widest head the GPU named takes: a multiple of 8 of at most 192 runs on every GPU flash-attn runs on; the
-    193-256 a `where` names, on compute capability 8.0 / 9.0 (A100, H100). At a width no GPU takes (`where` "")
-    the bound is `capability`'s: 256 on 8.0 / 9.0 and for a forward alone (not `backward`), else 192 with where
-    256 runs (`capability` None, unknown: both)."""
+    193-256 a `where` names, on `BACKWARD_WIDE`'s compute capabilities (A100, H100). At a width no GPU takes (`where`
+    "") the bound is `capability`'s, asked of `refusal` at 256 (so where 256 runs is said once, there): 256 where it
+    lets 256 run (8.0 / 9.0, a forward alone), else 192 with where 256 runs (`capability` None, unknown: both)."""
     keys = {True: "max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim)", False: "head_dim"}.get(
         mla, "head_dim (under MLA max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim))")
     if where:
-        bound = f"{ANY_GPU_WIDTH}, or run on a GPU of compute capability 8.0 / 9.0 (A100, H100)"
-    elif not backward or (capability is not None and tuple(capability) in BACKWARD_WIDE):
+        bound = f"{ANY_GPU_WIDTH}, or run on a GPU of compute capability {WIDE_NAMES} (A100, H100)"
+    elif refusal(WIDEST, capability or (0, 0), backward) is None:  # (unknown: judged as a GPU not in BACKWARD_WIDE)
         bound = f"{WIDEST}"
     else:
-        bound = f"{ANY_GPU_WIDTH} ({WIDEST} on compute capability 8.0 / 9.0)"
+        bound = f"{ANY_GPU_WIDTH} ({WIDEST} on compute capability {WIDE_NAMES})"
     return f"for flash attention {keys} must be a multiple of 8 of at most {bound}"

@@ -34,24 +34,15 @@ def one_dtype(q, k, v):
 _REFUSED: set = set()  # the reasons already warned about (the rule itself: `ops.flash_width`, `config` reads it too)
 
 
-def _capability(head_dim: int, capability, backward: bool = True):
-    """`capability`, else this process's GPU's (`runtime.gpu_capability`) where the width leaves it to the GPU
-    (`flash_width.capability_decides`)."""
-    if capability is None and flash_width.capability_decides(head_dim, backward):
-        return runtime.gpu_capability()
-    return capability
+def _capability(head_dim: int, backward: bool = True):
+    """This process's GPU's compute capability (`runtime.gpu_capability`) where the width leaves flash-attn's refusal
+    to the GPU (`flash_width.capability_decides`), else None: the device is asked only where the answer counts."""
+    return runtime.gpu_capability() if flash_width.capability_decides(head_dim, backward) else None
 
 
 def _words(head_dim: int, why: tuple[str, str]) -> str:
     where, reason = why
     return f"head_dim {head_dim}{' on ' + where if where else ''} ({reason})"
-
-
-def flash_refuses(head_dim: int, capability=None, backward: bool = True) -> str | None:
-    """Why flash attention cannot run this head width (MLA's padded one, `models.mla`) on this GPU (`capability`
-    None: this process's; unknown counts as able), forward and, with `backward`, backward; None where it can."""
-    why = flash_width.refusal(head_dim, _capability(head_dim, capability, backward), backward)
-    return None if why is None else _words(head_dim, why)
 
 
 def _backward(*tensors) -> bool:
@@ -60,7 +51,8 @@ def _backward(*tensors) -> bool:
     The kernels decide it themselves, so a forward alone takes flash-attn where only its backward refuses. Reentrant
     recompute (`recompute(..., use_reentrant=True)`) runs its forward under `paddle.no_grad` and again with gradients
     in the backward: where config left flash on at 193-256 (the capability unknown to it), the forward runs flash-attn
-    and the re-run the math path, so the activations differentiated equal the forward's only to rounding."""
+    and, on a GPU other than compute capability 8.0 / 9.0 (whose flash-attn backward takes 193-256: flash again),
+    the re-run the math path, so the activations differentiated equal the forward's only to rounding."""
     import paddle
 
     return paddle.is_grad_enabled() and not all(t.stop_gradient for t in tensors)
@@ -72,12 +64,14 @@ def gpu_path(head_dim: int, sdpa: bool = False, backward: bool = True) -> tuple[
     where the scores materialise: `config.compute.flash_width` judged the width already on the GPU it knew (the math
     path, which `plan` counts, said in its note), so this fires where it could not: another GPU than planned, one of
     unknown capability, a caller that resolved no model."""
-    capability = _capability(head_dim, None, backward)
+    capability = _capability(head_dim, backward)
     chosen, why = flash_width.judge(head_dim, capability, sdpa, backward)
     if chosen == "math":
         words = _words(head_dim, why)
         if words not in _REFUSED:
             _REFUSED.add(words)
+            # the widest head this GPU takes: asked here too (once per reason) where the width alone refused
+            capability = capability or runtime.gpu_capability()
             warnings.warn(f"attention on GPU: flash-attn refuses {words}, so this process materialises the [b, heads, "
                           f"s, s] attention scores, which its kernels were not resolved for (config judged another "
                           f"GPU, one of unknown capability, or no model); "
