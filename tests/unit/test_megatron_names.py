@@ -40,8 +40,11 @@ from pretrain_cli.errors import UserError
     ("--hidden-size", "here the model's config.json holds it as hidden_size"),
     # Megatron flags with a key here that the no-suggestion list (config.megatron_flags) left without an answer
     # (review of 499b0321: their nearest key, which 499b0321 stopped suggesting, was the right one)
-    ("--hidden-dropout", "here set hidden_dropout_prob"),
-    ("--attention-dropout", "here set attention_probs_dropout_prob"),
+    # Megatron's dropouts default to 0.1: not a key to set, there is none here (review R17 of 47b1b225)
+    ("--hidden-dropout", "no key: there is no dropout here (Llama and Qwen have none; hidden_dropout_prob is "
+                         "accepted and ignored), where Megatron's default is 0.1"),
+    ("--attention-dropout", "no key: there is no dropout here (Llama and Qwen have none; attention_probs_dropout_prob "
+                            "is accepted and ignored), where Megatron's default is 0.1"),
     ("--moe-z-loss-coeff", "here set router_z_loss_coef"),
     ("--moe-expert-capacity-factor", "here set capacity_factor"),
     ("--eval-micro-batch-size", "here set per_device_eval_batch_size"),
@@ -51,6 +54,15 @@ from pretrain_cli.errors import UserError
     ("--batch-size", "here set per_device_train_batch_size (Megatron's old name of micro-batch-size)"),
     ("--model-parallel-size", "here set tensor_parallel_degree (Megatron's old name of tensor-model-parallel-size)"),
     ("--batch_size", "here set per_device_train_batch_size"),
+    # review R17 of 47b1b225: the old --checkpoint-activations recomputed whole layers (granularity full), not
+    # --recompute-activations' selective core_attn; --optimizer lost its answer (optim); WSD's computed decay steps
+    # got the LR decay's key
+    ("--checkpoint-activations", "here set recompute: true (recompute_granularity full, the default), as the old "
+                                 "flag recomputed whole layers"),
+    ("--optimizer", "here set optim adamw (the only one;"),
+    ("--wsd_decay_steps", "here set num_decay_steps (with lr_scheduler_type warmup_stable_decay)"),
+    ("--wsd-decay-steps", "here set num_decay_steps"),
+    ("--wd_incr_steps", "here set weight_decay (one value for the whole run: no increment schedule here)"),
     ("--mtp-num-layers", "here the model's config.json holds it as num_nextn_predict_layers"),
 ])
 def test_a_megatron_flag_names_the_key_to_use(typed, said):
@@ -95,7 +107,11 @@ def test_a_blend_given_as_megatron_gives_it_names_the_quoted_value():
 
 @pytest.mark.parametrize("typed", ["--wandb_project", "--adlr_autoresume", "--group-query-attention",
                                    "--wandb-project", "--adlr-autoresume", "--transformer-impl", "--decoder-seq-length",
-                                   "--attention-softmax-in-fp32", "--dataloader-type", "--no-load-optim"])
+                                   "--attention-softmax-in-fp32", "--dataloader-type", "--no-load-optim",
+                                   # flags a field's metadata names (arg_names), not the field's own name
+                                   "--disable-bias-linear", "--fp8-format", "--apply-layernorm-1p",
+                                   "--tokenizer-special-tokens", "--no-initialization", "--profile",
+                                   "--tokenizer_metadata"])
 def test_another_megatron_flag_gets_no_unrelated_suggestion(typed):
     """A hyphenated Megatron-LM flag with no key here said 'see docs/COMPATIBILITY.md' until 827364be underscored it
     before suggesting: `batch-size` then got 'did you mean vocab_size', `model-parallel-size` sep_parallel_degree,

@@ -21,13 +21,15 @@ from pretrain_cli.counts import count
 from pretrain_cli.errors import Problems
 
 
-def _more_ranks(args, ep: int, data_ranks: int, tp: int, pp: int, cp: int, planned: bool) -> str:
+def _more_ranks(args, data_ranks: int, tp: int, pp: int, cp: int, planned: bool) -> str:
     """Both ways out of an `ep` the data ranks do not divide: more processes, which is what a file written for more
     processes needs, or a smaller degree. The count is `one_process.least_data_ranks`' (the one formula the stated
     data-parallel degree's line and `check` on one process count by): the fewest data ranks, a multiple of these
     (the other axes kept), that also give a stated data_parallel_degree, else the fewest that give it; where none
     does (ep 4 beside a stated 2), the stated key to remove, as its own line says there. The smaller degree only
-    where these data ranks give the stated one. `planned`: under `plan`, whose option is `--gpus`."""
+    where these data ranks give the stated one. `planned`: under `plan`, whose option is `--gpus`. The degree is
+    the file's expert_parallel_degree, which `least_data_ranks` reads: the one `paddlenlp_expert_parallel` asks
+    for, the dp degree, always divides the dp x sharding data ranks, so it never reaches here."""
     ranks = least_data_ranks(args, of=data_ranks) or least_data_ranks(args)
     stated = stated_data_parallel(args)
     held = ranks is not None
@@ -64,7 +66,7 @@ def expert_degree(args, model_cfg, data_ranks: int, tp: int, pp: int, cp: int, s
                       "decoder_sparse_step or mlp_only_layers make every layer dense)" if experts else "")
                       + ": remove the key"),
                      (experts and experts % ep, f"does not divide num_experts ({experts}); use a divisor of it"),
-                     (data_ranks % ep, _more_ranks(args, ep, data_ranks, tp, pp, cp, planned)),
+                     (data_ranks % ep, _more_ranks(args, data_ranks, tp, pp, cp, planned)),
                      (cp > 1 and tp > 1 or stage == 3 or stage == 2 and tp == pp == cp == 1,
                       ""),  # config.refusals' ep rows
                      (args.model.capacity_factor > 0, "runs dropless (each rank sees its expert group's tokens, not "

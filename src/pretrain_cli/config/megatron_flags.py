@@ -1,8 +1,12 @@
 """Every argument name of Megatron-LM's training scripts (megatron/training/arguments.py at NVIDIA/Megatron-LM
 d98e8a64, its add_argument calls and the dataclass fields its ArgumentGroupFactory turns into flags), underscored.
-The factory skips a field declared `field(init=False)` (training_config.py's lr_decay_steps, lr_warmup_steps,
-wd_incr_steps, wsd_decay_steps: computed at run time, no flag), so those are not listed: their nearest key here
-(`warmup_steps`, `decay_steps`) is a right answer.
+A field whose metadata names its flags (`arg_names`) is a flag under those names only (layernorm_epsilon is
+`--norm-epsilon`, add_bias_linear `--disable-bias-linear`, fp8 `--fp8-format`): both the flags and the field names
+(the attribute Megatron's args hold, which a user reads back from its logs) are listed, as neither is a misspelling
+of a key here. The factory skips a field declared `field(init=False)` (training_config.py's lr_decay_steps,
+lr_warmup_steps, wd_incr_steps, wsd_decay_steps: computed at run time, no flag), so those are not listed:
+`config.megatron_names` answers the last two (weight_decay, num_decay_steps), and the nearest key of the first two
+(`decay_steps`, `warmup_steps`) is a right answer.
 
 An unknown key is often one of these, typed by a Megatron-LM user in either spelling (`--batch-size`,
 `--wandb_project`): none of them is a misspelling of one of our keys, so the unknown-key line
@@ -235,4 +239,8 @@ vision_pretraining vision_pretraining_type vocab_extra_ids vocab_file vocab_size
 wandb_project wandb_save_dir warmup weight_decay weight_decay_incr_style wgrad_deferral_limit
 window_attn_skip_freq window_size yaml_cfg yarn_beta_fast yarn_beta_slow
 yarn_correction_range_round_to_int yarn_original_max_position_embeddings
+apply_layernorm_1p ckpt_fully_parallel_load disable_bias_linear disable_gloo_process_groups disable_mamba_mem_eff_path
+fp4_format fp8_format microbatch_group_size_per_virtual_pipeline_stage no_barrier_with_level_1_timing
+no_ckpt_fully_parallel_save no_initialization norm_epsilon overlap_p2p_communication_warmup_flush
+persistent_save_interval profile tokenizer_metadata tokenizer_special_tokens
 """.split())

@@ -75,16 +75,24 @@ MEGATRON = {
     "num_workers": "dataloader_num_workers",
     "batch_size": "per_device_train_batch_size (Megatron's old name of micro-batch-size)",
     "model_parallel_size": "tensor_parallel_degree (Megatron's old name of tensor-model-parallel-size)",
-    "checkpoint_activations": "recompute (Megatron's old name of recompute-activations)",
+    "checkpoint_activations": "recompute: true (recompute_granularity full, the default), as the old flag "
+                              "recomputed whole layers",
     "eval_micro_batch_size": "per_device_eval_batch_size",
     "eval_global_batch_size": "per_device_eval_batch_size: the eval batch is it x data ranks",
-    "hidden_dropout": "hidden_dropout_prob (accepted and ignored: Llama and Qwen have no dropout)",
-    "attention_dropout": "attention_probs_dropout_prob (accepted and ignored: Llama and Qwen have no dropout)",
+    "hidden_dropout": ("no key: there is no dropout here (Llama and Qwen have none; hidden_dropout_prob is accepted "
+                       "and ignored), where Megatron's default is 0.1"),
+    "attention_dropout": ("no key: there is no dropout here (Llama and Qwen have none; attention_probs_dropout_prob "
+                          "is accepted and ignored), where Megatron's default is 0.1"),
     "moe_z_loss_coeff": "router_z_loss_coef",
     "moe_expert_capacity_factor": "capacity_factor (0: dropless)",
     "mtp_loss_scaling_factor": "mtp_loss_weight",
     "start_weight_decay": "weight_decay (one value for the whole run: no increment schedule here)",
     "end_weight_decay": "weight_decay (one value for the whole run: no increment schedule here)",
+    "optimizer": "optim adamw (the only one; Megatron's adam is AdamW-style, its weight decay decoupled)",
+    # computed by Megatron (samples; no flag of their own), yet written as one from its scheduler's logs
+    "wd_incr_steps": "weight_decay (one value for the whole run: no increment schedule here)",
+    "wsd_decay_steps": ("num_decay_steps (with lr_scheduler_type warmup_stable_decay), in optimizer steps: Megatron "
+                        "computes it in samples from --lr-wsd-decay-iters or --lr-wsd-decay-samples"),
     "ckpt_step": "resume_from_checkpoint (the directory output_dir/checkpoint-N of that step)",
 }
 
