@@ -2,8 +2,8 @@
 is computed here, as PaddleNLP computes it; one above 1 that the run's layout does not give is refused in one line
 naming the processes it would take. It was a note that the key has no effect, while the run trained on fewer (or
 more) data ranks than the file said, so on another global batch: `data_parallel_degree: 3` with tp 2 x pp 2 on 4
-processes trained 1 data rank's batch. Values that match (the run's dp, or dp x sharding: its data ranks) and the
-defaults -1/0/1 keep the note."""
+processes trained 1 data rank's batch. Values that match (the run's dp, world / (sharding x tp x pp x ...); its data
+ranks only where the sharding group is every data rank) and the defaults -1/0/1 keep the note."""
 import pytest
 from run_helpers import resolve_run
 
@@ -23,8 +23,8 @@ def test_a_stated_data_parallel_degree_the_layout_does_not_give_is_refused(key):
 
 def test_the_data_ranks_of_the_layout_and_the_defaults_are_accepted():
     assert resolve_run("--data_parallel_degree", "2", "--tensor_parallel_degree", "2", world=4).parallel.dp_degree == 2
-    zero1 = resolve_run("--data_parallel_size", "4", "--sharding", "stage1", "--sharding_parallel_degree", "2",
-                        world=4).parallel  # dp 2 x sharding 2: PaddleFormers' data ranks
+    zero1 = resolve_run("--data_parallel_size", "2", "--sharding", "stage1", "--sharding_parallel_degree", "2",
+                        world=4).parallel  # dp 2 x sharding 2: PaddleFormers' dp, as PaddleNLP's
     assert (zero1.dp_degree, zero1.sharding_degree) == (2, 2)
     assert resolve_run("--data_parallel_degree", "2", "--sharding", "stage1", "--sharding_parallel_degree", "2",
                        world=4).parallel.dp_degree == 2  # PaddleNLP's: world / (sharding x tp x pp x cp)
@@ -60,7 +60,8 @@ def test_the_launch_a_file_is_written_for_counts_its_stated_data_parallel_degree
 
     assert need("--tensor_parallel_degree", "2", "--data_parallel_degree", "2") == 4
     assert need("--pipeline_parallel_degree", "2", "--data_parallel_size", "3") == 6
-    assert need("--data_parallel_degree", "2", "--sharding", "stage1", "--sharding_parallel_degree", "2") == 2
+    # PaddleNLP's dp beside an explicit sharding degree: dp 2 x sharding 2 (it was 2, the data ranks reading)
+    assert need("--data_parallel_degree", "2", "--sharding", "stage1", "--sharding_parallel_degree", "2") == 4
     assert need("--data_parallel_degree", "3", "--sharding", "stage1", "--sharding_parallel_degree", "2") == 6
     assert need("--tensor_parallel_degree", "2", "--data_parallel_degree", "1") == 2
     for world in (4, 6):  # each such world passes resolve
@@ -167,3 +168,68 @@ def test_the_note_of_a_stated_degree_is_true_whether_or_not_the_run_gives_it(key
     assert "no effect" not in notes[0], notes[0]
     assert notes[0].startswith(f"{key}: 2: computed from the world size and the other degrees, so a stated value "
                                f"sets nothing: it is checked"), notes[0]
+
+
+PN = ["--tensor_parallel_degree", "2", "--pipeline_parallel_degree", "2", "--sharding", "stage1",
+      "--sharding_parallel_degree", "2", "--data_parallel_degree", "2", "--gradient_accumulation_steps", "4"]
+
+
+def test_paddlenlp_dp_beside_an_explicit_sharding_degree_is_not_the_data_ranks():
+    """PaddleNLP's file for 16 GPUs, dp 2 x sharding 2 x tp 2 x pp 2: the stated 2 was taken as the data ranks too, so
+    8 processes passed (PaddleNLP's dp 1, half the file's global batch) and `plan --gpus 32` said 'run it on 8'.
+    PaddleFormers' data_parallel_size is the same dp (world // (sharding_parallel_size x tp x sep x pp))."""
+    from run_helpers import BASE
+
+    from pretrain_cli.config.one_process import fewest_processes
+    from pretrain_cli.config.parser import parse_config
+
+    assert fewest_processes(parse_config(None, [*BASE, *PN]))[0] == 16
+    with pytest.raises(UserError) as e:
+        resolve_run(*PN, world=32)
+    assert "run it on 16 processes (`check --world_size 16`)" in str(e.value)
+    with pytest.raises(UserError, match="8 processes / \\(tp 2 x pp 2 x sharding 2\\) give 1 data rank"):
+        resolve_run(*PN, world=8)
+    run = resolve_run(*PN, world=16).parallel
+    assert (run.dp_degree, run.sharding_degree) == (2, 2)
+    zero1 = ["--data_parallel_size", "4", "--sharding", "stage1", "--sharding_parallel_degree", "2"]
+    with pytest.raises(UserError, match="give 2 data ranks"):
+        resolve_run(*zero1, world=4)
+    assert resolve_run(*zero1, world=8).parallel.dp_degree == 4
+
+
+def test_the_processes_that_give_large_stated_degrees_are_found_at_once():
+    """The search went through every multiple up to the product of the stated degrees: 1000 and 999 took 20 s, larger
+    values hung. A stated degree is given at one count of data ranks, so only those are checked."""
+    import time
+
+    from run_helpers import BASE
+
+    from pretrain_cli.config.one_process import fewest_processes, least_data_ranks
+    from pretrain_cli.config.parser import parse_config
+
+    start = time.monotonic()
+    args = parse_config(None, [*BASE, "--data_parallel_degree", "1000", "--data_parallel_size", "999"])
+    assert least_data_ranks(args) is None and fewest_processes(args) == (1, "")
+    big = parse_config(None, [*BASE, "--data_parallel_degree", str(10 ** 12), "--data_parallel_size", str(10 ** 12)])
+    assert least_data_ranks(big) == 10 ** 12
+    assert time.monotonic() - start < 2
+
+
+def test_a_file_no_count_gives_is_said_so_on_one_process():
+    """`plan` (no --gpus) of a file stating data_parallel_degree 2 and data_parallel_size 4 planned it on 1 process
+    without a word, though every launch of more refuses it."""
+    notes = resolve_run("--data_parallel_degree", "2", "--data_parallel_size", "4").notes
+    assert ("data_parallel_degree: 2 and data_parallel_size: 4: no process count gives both, so every launch of more "
+            "than one process is refused: remove them (the data ranks are computed from the world size and the other "
+            "degrees)") in notes
+    assert not any("no process count" in n for n in resolve_run("--data_parallel_degree", "2").notes)
+
+
+def test_without_a_stage_the_line_names_no_sharding_axis():
+    """Without a ZeRO stage the run has no sharding group: the line said '2 processes / (sharding 2) give 1 data rank'
+    of a run with 2 data ranks. It names the run's data ranks and PaddleNLP's dp beside the sharding degree."""
+    with pytest.raises(UserError) as e:
+        resolve_run("--data_parallel_degree", "4", "--sharding_parallel_degree", "2", world=2)
+    assert str(e.value) == ("data_parallel_degree: 4, but 2 processes give 2 data ranks (PaddleNLP's dp 1 beside "
+                            "sharding_parallel_degree 2); run it on 8 processes (`check --world_size 8`), or remove "
+                            "the key (the data ranks are computed from the world size and the other degrees)")

@@ -64,13 +64,15 @@ def test_the_gpu_question_offers_only_counts_that_give_the_stated_degree():
     with pytest.raises(UserError, match="give 8 data ranks"):
         resolve_run(*keys, world=16)
     assert resolve_run(*keys, world=8).parallel.dp_degree == 4
-    # under ZeRO with a sharding degree of 2 the stated 4 is the data ranks or their PaddleNLP dp: 4 or 8 processes
+    # under ZeRO with an explicit sharding degree of 2 the stated 4 is PaddleNLP's dp (it was also taken as the data
+    # ranks, 4 processes, where PaddleNLP's dp is 2): 8 processes only
     zero = ["--data_parallel_degree", "4", "--sharding", "stage1", "--sharding_parallel_degree", "2"]
-    assert stated_process_counts(parse_config(None, [*BASE, *zero])) == [4, 8]
+    assert stated_process_counts(parse_config(None, [*BASE, *zero])) == [8]
     assert gpu_question(parse_config(None, [*gpu, *zero])).endswith(
-        "(N: the GPUs, 4 or 8: data_parallel_degree 4 pins the data ranks)")
-    for world in (4, 8):
-        assert resolve_run(*zero, world=world).parallel
+        "(N: the GPUs, 8: data_parallel_degree 4 pins the data ranks)")
+    assert resolve_run(*zero, world=8).parallel.dp_degree == 4
+    with pytest.raises(UserError, match="give 2 data ranks"):
+        resolve_run(*zero, world=4)
     with pytest.raises(UserError, match="give 6 data ranks"):
         resolve_run(*zero, world=12)
     assert gpu_question(parse_config(None, [*gpu, "--tensor_parallel_degree", "2"])).endswith(

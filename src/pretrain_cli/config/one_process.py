@@ -65,10 +65,21 @@ def data_parallel_degree(args, ranks: int, sharding_key: int | None = None) -> i
 def stated_unmet(args, ranks: int, sharding_key: int | None = None) -> list[tuple[str, int, int | None]]:
     """(key, stated degree, PaddleNLP's dp) of each data-parallel degree the file states that `ranks` data ranks do
     not give: the one rule `config.parallel`'s refusal and `least_data_ranks` (the process counts named) share. A
-    stated degree is given where it is PaddleNLP's dp (`data_parallel_degree`) or the data ranks themselves, dp x
-    sharding (what a PaddleFormers file's `data_parallel_size` counts)."""
+    stated degree is given where it is the dp PaddleNLP (`data_parallel_degree`) and PaddleFormers
+    (`data_parallel_size`, world // (sharding_parallel_size x tp x sep x pp) in its TrainingArguments) compute, the
+    data ranks over the sharding degree; only under a stage sharding over every data rank (-1, 0: their dp is 1 on
+    any world) is it the data ranks themselves. (Read as the data ranks beside an explicit sharding degree, a
+    PaddleNLP file for dp 2 x sharding 2 passed on half its ranks, at half its global batch.)"""
     dp = data_parallel_degree(args, ranks, sharding_key)
-    return [(k, d, dp) for k, d in stated_data_parallel(args) if d not in (dp, ranks)]
+    every = _shards_every_rank(args, sharding_key)
+    return [(k, d, dp) for k, d in stated_data_parallel(args) if d != (ranks if every else dp)]
+
+
+def _shards_every_rank(args, sharding_key: int | None = None) -> bool:
+    """Whether the sharding group is every data rank: a stage with sharding_parallel_degree -1 or 0."""
+    t = args.training
+    key = t.sharding_parallel_degree if sharding_key is None else sharding_key
+    return bool(t.sharding.strip()) and key in (-1, 0)
 
 
 def least_data_ranks(args, stated: bool = True, of: int = 1) -> int | None:
@@ -83,7 +94,7 @@ def least_data_ranks(args, stated: bool = True, of: int = 1) -> int | None:
 
 def stated_process_counts(args) -> list[int] | None:
     """Every process count that gives the data-parallel degrees the file states, tp x pp x sep x cp x the data ranks
-    `least_data_ranks` searches (at most two a stated degree: it is the data ranks, or PaddleNLP's dp of them); None
+    `least_data_ranks` searches (at most one: a stated degree is given at one count of data ranks); None
     for a file that states none (then every multiple of `fewest_processes` runs), [] where no count gives them with
     the other keys. What `orchestration.host_fit` offers for N, where most multiples are refused."""
     if not stated_data_parallel(args):
@@ -101,15 +112,35 @@ def _step(args, of: int) -> int:
 
 def _given_data_ranks(args, of: int) -> list[int]:
     """The multiples of `_step` that give every stated degree (`stated_unmet`), fewest first. A stated d is given at
-    d or d x sharding data ranks only: the search stops past the largest of them."""
+    one count of data ranks only, d x the sharding degree (d where the sharding group is every data rank), so those
+    are the candidates: bounded work, where a search up to the product of the degrees took 20 s for 1000 and 999."""
     step = _step(args, of)
-    last = step * math.prod(d for _, d in stated_data_parallel(args)) * max(args.training.sharding_parallel_degree, 1)
-    return [ranks for ranks in range(step, last + 1, step) if not stated_unmet(args, ranks)]
+    sharding = 1 if _shards_every_rank(args) else max(args.training.sharding_parallel_degree, 1)
+    candidates = {d * sharding for _, d in stated_data_parallel(args)}
+    return sorted(ranks for ranks in candidates if ranks % step == 0 and not stated_unmet(args, ranks))
 
 
 def _axes_product(args) -> int:
     """tp x pp x sep x cp: the processes of one data rank."""
     return math.prod(max(getattr(args.training, k), 1) for k in _AXES)
+
+
+def _no_count_gives(args) -> str:
+    """The line for stated data-parallel degrees no process count gives with the other keys (`least_data_ranks`
+    None), which `fewest_processes` leaves out: without it one process (`plan` without --gpus, `check`) said nothing
+    of a file that every launch refuses. "" where a count gives them."""
+    stated = stated_data_parallel(args)
+    if not stated or least_data_ranks(args) is not None:
+        return ""
+    t = args.training
+    held = [f"{k} {d}" for k, d in (("expert_parallel_degree", max(t.expert_parallel_degree, 1)),
+                                    ("sharding_parallel_degree", max(t.sharding_parallel_degree, 1)
+                                     if t.sharding.strip() else 1)) if d > 1]
+    with_keys = f" with {' and '.join(held)}" if held else ""
+    return (f"{' and '.join(f'{k}: {d}' for k, d in stated)}: no process count gives "
+            f"{'it' if len(stated) == 1 else 'both'}{with_keys}, so every launch "
+            f"of more than one process is refused: remove {'the key' if len(stated) == 1 else 'them'} (the data "
+            f"ranks are computed from the world size and the other degrees)")
 
 
 def _launch_words(need: int, device: str) -> str:
@@ -144,6 +175,9 @@ def one_process_notes(args, model_cfg, degrees: dict, stage: int, notes: list, p
         how = f"`plan --gpus {need}` plans it as they run it" if planned else _launch_words(need, device)
         launch = f"; the file's layout needs {need} processes: {how}" if need > 1 else ""
         notes.append(f"parallel: one process, so {', '.join(dropped)} has no effect{launch}")
+    unmet = _no_count_gives(args)
+    if unmet:
+        notes.append(unmet)
     if t.sequence_parallel and tp == 1:
         notes.append("sequence_parallel: only meaningful with tensor parallelism; ignored")
     if pp == 1:  # virtual_pp_degree and pipeline_parallel_config without a pipeline: noted as on many processes

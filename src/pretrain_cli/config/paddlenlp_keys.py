@@ -35,7 +35,8 @@ from pretrain_cli.errors import UserError
 DATA_RANKS_COMPUTED = ("computed from the world size and the other degrees, so a stated value sets nothing: it is "
                        "checked, and a value above 1 that they do not give is refused on more than one process (the "
                        "run would train on another global batch than the file's): given as PaddleNLP's dp, world / "
-                       "(sharding_parallel_degree x tp x sep x cp x pp), or as the data ranks, dp x sharding")
+                       "(sharding_parallel_degree x tp x sep x cp x pp), as PaddleFormers' data_parallel_size is "
+                       "too, or, under a stage sharding over every data rank (-1), as the data ranks")
 # key -> (PaddleNLP's default, why it has no effect here)
 PADDLENLP_IGNORED = {
     "model_type": ("llama", "the legacy llm/llama/run_pretrain.py's model class; here config.json's model_type "

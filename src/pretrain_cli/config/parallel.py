@@ -50,9 +50,10 @@ def _stated_data_ranks(args: Arguments, world: int, degrees: dict, runs, problem
     give is refused: the run would train on other data ranks, so on another global batch, than the file says. One rule,
     `one_process.stated_unmet`, which `fewest_processes` counts by too: given where it is PaddleNLP's dp, world //
     (sharding_parallel_degree x tp x sep x cp x pp), its sharding degree counted without a stage as well, or the data
-    ranks, dp x sharding. The line names only fixes that rule passes: under a stage, the sharding degree that leaves
-    the stated dp; the fewest processes that give it (`least_data_ranks`); else removing the key, and only where
-    `runs(sharding, data ranks)` (no `config.refusals` row refuses them). `degrees`: the layout's tp, pp and cp, none
+    ranks where the sharding group is every data rank. The line names the axes the run has (a sharding group only
+    under a stage) and only fixes that rule passes: under a stage, the sharding degree that leaves the stated dp;
+    the fewest processes that give it (`least_data_ranks`); else removing the key, and only where `runs(sharding,
+    data ranks)` (no `config.refusals` row refuses them). `degrees`: the layout's tp, pp and cp, none
     refused (a refused degree's reset would make the advice wrong: this is not asked then). `planned`: under `plan`,
     whose option for the processes is `--gpus` (`check`'s is `--world_size`)."""
     t = args.training
@@ -61,7 +62,13 @@ def _stated_data_ranks(args: Arguments, world: int, degrees: dict, runs, problem
     zero = (least if t.sharding_parallel_degree in (-1, 0) else max(t.sharding_parallel_degree, 1)) if stage else 1
     refused = least is not None and not runs(zero, least)  # (a count an engine limit refuses there is not named)
     for key, stated, dp in stated_unmet(args, ranks):
-        axes = " x ".join(f"{n} {d}" for n, d in {**degrees, "sharding": ranks // dp if dp else 1}.items() if d > 1)
+        # the axes the run has: a sharding group only under a stage (without one PaddleNLP's dp still counts the
+        # sharding degree, named beside the data ranks, which are then the run's own)
+        shards = ranks // dp if dp and stage else 1
+        axes = " x ".join(f"{n} {d}" for n, d in {**degrees, "sharding": shards}.items() if d > 1)
+        given = count(dp if stage and dp else ranks, 'data rank') + (
+            f" (PaddleNLP's dp {dp} beside sharding_parallel_degree {t.sharding_parallel_degree})"
+            if not stage and dp and dp != ranks else "")
         fixes = []
         sharding = ranks // stated
         if stage and ranks % stated == 0 and sharding > 1 and not stated_unmet(args, ranks, sharding) and runs(
@@ -80,7 +87,7 @@ def _stated_data_ranks(args: Arguments, world: int, degrees: dict, runs, problem
             why = f"no process count gives {stated}" + (f" with {' and '.join(keys)}" if keys else "")
         advice = f"{', '.join(fixes)}, or remove the key" if fixes else f"{why}: remove the key"
         problems.add(f"{key}: {stated}, but {count(world, 'process')}{f' / ({axes})' if axes else ''} give "
-                     f"{count(dp or ranks, 'data rank')}; {advice} (the data ranks are computed from the world size "
+                     f"{given}; {advice} (the data ranks are computed from the world size "
                      f"and the other degrees)")
 
 
