@@ -11,7 +11,7 @@ import types
 from paddle.distributed.launch.controllers.controller import ControllerBase
 from paddle.distributed.launch.job.container import Container
 
-from pretrain_cli.distributed.launcher import account, failure_report, job
+from pretrain_cli.distributed.launcher import account, failure_report, job, verdict_line
 from pretrain_cli.distributed.launcher.verdict import hung_cause
 from pretrain_cli.distributed.launcher.watcher import Watcher
 
@@ -93,13 +93,14 @@ def test_with_no_rank_record_the_launchers_report_and_tail_are_given(tmp_path, m
 
 
 def test_the_ending_lines_are_the_watchers_verdicts_and_the_clis_errors(tmp_path):
-    """`ENDING` matches what the rank watchers write at a death, a hang, a loss elsewhere (`Watcher._line`), a
+    """`ENDING` matches what the rank watchers write at a death, a hang, a loss elsewhere (`verdict_line.line`), a
     departure (`departure.follow`), and the CLI's `error:` line; not a straggler's line or a training line."""
     w = Watcher(0, {0: 10, 1: 11}, "h", tmp_path, None, 1.0, remote={2: "other"})
     died = {"kind": "died", "ranks": [1], "statuses": [signal.SIGKILL]}
     lost = {"kind": "lost", "ranks": [0], "statuses": [signal.SIGABRT]}
     hung = hung_cause(1, {"phase": "collective", "step": 4}, 30.0)
-    ending = [w._line(died), w._line(died, own=True), w._line(lost), w._line(hung), ERROR,
+    ending = [verdict_line.line(w, died), verdict_line.line(w, died, own=True), verdict_line.line(w, lost),
+              verdict_line.line(w, hung), ERROR,
               "[pretrain-cli] rank 0: rank 1 (pid 11 on h) left with an error: out: missing; this rank stops too.\n"]
     for line in ending:
         assert failure_report.ENDING.match(line.strip("\n")), line

@@ -8,8 +8,8 @@ as a watcher names a rank of several, in the two cases the first version of that
   crash said as one at exit after the run finished, its output complete, nothing to re-run;
 - it was SIGKILLed during its own stop (its signal, then a save that outlasted the kill): it was said `killed by
   SIGKILL (often the kernel's OOM killer: see dmesg)`; a watcher says how far into the stop, saving which checkpoint,
-  whose limit (`watcher.died`, now the one death line of both, from the rank's notes `watchdog.stop_began` leaves in
-  launch.sh's verdict directory when it has no watcher)."""
+  whose limit (`verdict_line.died`, now the one death line of both, from the rank's notes `watchdog.stop_began`
+  leaves in launch.sh's verdict directory when it has no watcher)."""
 import logging
 import re
 import socket

@@ -3,7 +3,7 @@ run's output_dir as it is when the line is written, or step 0 when it holds none
 true either way)."""
 import signal
 
-from pretrain_cli.distributed.launcher import rerun, watcher
+from pretrain_cli.distributed.launcher import rerun, verdict_line, watcher
 
 
 def _line(tmp_path, out, me=1, culprit=1, kind="died", **output):
@@ -11,7 +11,7 @@ def _line(tmp_path, out, me=1, culprit=1, kind="died", **output):
     shared.mkdir(exist_ok=True)
     w = watcher.Watcher(me, {0: 10, 1: 11}, "h", shared, None, grace=1.0, output_dir=str(out), remote={2: "other"},
                         **output)
-    return w._line({"kind": kind, "ranks": [culprit], "statuses": [signal.SIGKILL]})
+    return verdict_line.line(w, {"kind": kind, "ranks": [culprit], "statuses": [signal.SIGKILL]})
 
 
 def test_the_newest_complete_checkpoint_is_named(tmp_path):

@@ -127,7 +127,7 @@ def test_a_restarts_watchers_advise_re_running_the_users_own_command_not_launch_
     set: launch.sh hands the restart the user's own settings (`rerun.as_set`), which the advice names."""
     import signal
 
-    from pretrain_cli.distributed.launcher import watcher
+    from pretrain_cli.distributed.launcher import verdict_line, watcher
 
     named = _source(tmp_path)
     (tmp_path / "cfg.json").write_text(json.dumps({"output_dir": "out", "resume_from_checkpoint": named}))
@@ -141,7 +141,7 @@ def test_a_restarts_watchers_advise_re_running_the_users_own_command_not_launch_
     (tmp_path / "shared").mkdir()
     w = watcher.Watcher(1, {0: 10, 1: 11}, "h", tmp_path / "shared", None, grace=1.0, output_dir="out",
                         resume_from="out/checkpoint-8")
-    line = w._line({"kind": "died", "ranks": [1], "statuses": [signal.SIGKILL]})
+    line = verdict_line.line(w, {"kind": "died", "ranks": [1], "statuses": [signal.SIGKILL]})
     assert ("Re-run the same command (or launch with MAX_RESTART) to resume from out/checkpoint-12, the newest "
             "complete checkpoint, with resume_from_checkpoint set to it (as set, src/checkpoint-4 is refused: out holds "
             "checkpoint-8, checkpoint-12 past its step).") in line, line

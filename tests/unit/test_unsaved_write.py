@@ -13,7 +13,7 @@ import time
 import pytest
 
 from pretrain_cli import processes
-from pretrain_cli.distributed.launcher import progress, unsaved, watcher
+from pretrain_cli.distributed.launcher import progress, unsaved, verdict_line, watcher
 from pretrain_cli.training import async_save
 
 
@@ -58,19 +58,19 @@ def test_a_hung_rank_is_named_with_the_checkpoint_its_background_write_leaves_un
     _records(w, {1: 6, 0: 6})  # rank 0's write of checkpoint-6 waits for rank 1's part
     cause = w._check_progress(os.open(os.devnull, os.O_WRONLY))
     assert cause["kind"] == "hung" and cause["ranks"] == [1] and cause["writing"] == {"0": 6, "1": 6}
-    line = w._line(cause)
+    line = verdict_line.line(w, cause)
     assert ("rank 0: rank 1 (pid %d on h) made no progress for 30 s while in forward/backward at step 7, with its "
             "background write of checkpoint-6 unfinished: checkpoint-6 was not saved; this rank stops too. See that "
             "rank's workerlog for its cause; re-run to resume from %s, the newest complete checkpoint."
             % (stopped[1], out / "checkpoint-3")) in line, line
     # the verdict is shared as JSON (every watcher of the host writes the one published): the same line from it
-    assert w._line(w.evidence.decided()) == line
+    assert verdict_line.line(w, w.evidence.decided()) == line
 
 
 def test_only_another_ranks_write_in_flight_is_said_cut_short(tmp_path, stopped):
     w = _watcher(tmp_path, tmp_path / "out", stopped, hang_timeout=10.0)
     _records(w, {0: 6})  # rank 1 hung in a step with nothing in flight; rank 0 still writes checkpoint-6
-    line = w._line(w._check_progress(os.open(os.devnull, os.O_WRONLY)))
+    line = verdict_line.line(w, w._check_progress(os.open(os.devnull, os.O_WRONLY)))
     assert ("while in forward/backward at step 7; the background write of checkpoint-6 (rank 0) was cut short: "
             "checkpoint-6 was not saved; this rank stops too.") in line, line
 
@@ -80,11 +80,12 @@ def test_nothing_is_said_of_a_write_published_meanwhile_nor_when_none_was_in_fli
     (out / "checkpoint-6").mkdir(parents=True)  # rank 0 published it before the line was written
     w = _watcher(tmp_path / "a", out, hang_timeout=10.0)
     _records(w, {1: 6})
-    assert " at step 7; this rank stops too." in w._line(w._check_progress(os.open(os.devnull, os.O_WRONLY)))
+    cause = w._check_progress(os.open(os.devnull, os.O_WRONLY))
+    assert " at step 7; this rank stops too." in verdict_line.line(w, cause)
     idle = _watcher(tmp_path / "b", out, hang_timeout=10.0)
     _records(idle, {})
     cause = idle._check_progress(os.open(os.devnull, os.O_WRONLY))
-    assert "writing" not in cause and " at step 7; this rank stops too." in idle._line(cause)
+    assert "writing" not in cause and " at step 7; this rank stops too." in verdict_line.line(idle, cause)
 
 
 _RANK_0 = """
@@ -155,12 +156,12 @@ def test_a_write_that_may_still_be_published_is_said_unpublished_not_lost(tmp_pa
     _records(w, {1: 6, 0: 6})
     assert ("while in forward/backward at step 7, with its background write of checkpoint-6 under way: checkpoint-6 "
             "was not published when this line was written (rank 0 may still publish it); this rank stops too."
-            ) in w._line(w._check_progress(os.open(os.devnull, os.O_WRONLY)))
+            ) in verdict_line.line(w, w._check_progress(os.open(os.devnull, os.O_WRONLY)))
     peer = _watcher(tmp_path / "b", out, hang_timeout=10.0)
     _records(peer, {0: 6})
     assert ("at step 7; the background write of checkpoint-6 (rank 0) was under way: checkpoint-6 was not published "
             "when this line was written (rank 0 may still publish it); this rank stops too."
-            ) in peer._line(peer._check_progress(os.open(os.devnull, os.O_WRONLY)))
+            ) in verdict_line.line(peer, peer._check_progress(os.open(os.devnull, os.O_WRONLY)))
     # rank 0 elsewhere: lost for good only while a rank here lacks its part (a death notice is none)
     host = {1: stopped[1]}
     assert unsaved.clause({"1": 6}, [1], out, host) == ", with its background write of checkpoint-6 unfinished: " \
@@ -186,22 +187,22 @@ def test_the_rerun_advice_beside_a_write_that_may_still_be_published_names_both_
     cause = w._check_progress(os.open(os.devnull, os.O_WRONLY))
     both = (f"it resumes from the newest complete checkpoint ({out / 'checkpoint-6'} if rank 0 publishes it, else "
             f"{out / 'checkpoint-3'})")
-    line = w._line(cause)
+    line = verdict_line.line(w, cause)
     assert "(rank 0 may still publish it); this rank stops too. See that rank's workerlog for its cause; re-run the " \
         f"same command: {both}." in line and "the newest complete checkpoint." not in line, line
-    line = w._line({**cause, "ranks": [1]}, own=True)
+    line = verdict_line.line(w, {**cause, "ranks": [1]}, own=True)
     assert f"the other ranks stop too. Re-run the same command (or launch with MAX_RESTART): {both}." in line, line
-    lost = w._line({**cause, "kind": "lost", "statuses": [9]})
+    lost = verdict_line.line(w, {**cause, "kind": "lost", "statuses": [9]})
     assert f"this rank stops too. Re-run the same command (or launch with MAX_RESTART): {both}." in lost, lost
     empty = _watcher(tmp_path / "e", tmp_path / "none", hang_timeout=10.0)  # no complete checkpoint yet
     _records(empty, {0: 6})
     assert ("re-run the same command: it resumes from the newest complete checkpoint ("
             f"{tmp_path / 'none' / 'checkpoint-6'} if rank 0 publishes it, else starts from step 0: "
-            f"{tmp_path / 'none'} holds no complete checkpoint).") in empty._line(
-        empty._check_progress(os.open(os.devnull, os.O_WRONLY)))
+            f"{tmp_path / 'none'} holds no complete checkpoint).") in verdict_line.line(
+        empty, empty._check_progress(os.open(os.devnull, os.O_WRONLY)))
     named = _watcher(tmp_path / "n", out, hang_timeout=10.0, resume_from=str(out / "checkpoint-3"))
     _records(named, {0: 6})
-    line = named._line(named._check_progress(os.open(os.devnull, os.O_WRONLY)))
+    line = verdict_line.line(named, named._check_progress(os.open(os.devnull, os.O_WRONLY)))
     assert "(rank 0 may still publish it)" in line and "if rank 0 publishes it" not in line, line
     assert unsaved.resume_advice({"0": 6}, {0: os.getpid()}, out) == both
     assert unsaved.resume_advice({"0": 6}, {0: os.getpid()}, out, True) is None  # overwrite: step 0 either way
@@ -216,12 +217,12 @@ def test_a_rank_killed_during_its_background_write_is_named_with_it_and_its_noti
     cause = w.evidence.death_cause()
     assert cause == {"kind": "died", "ranks": [1], "statuses": [signal.SIGKILL], "writing": {"1": 6}}
     assert (f"rank 1 (pid {stopped[1]} on h) died: killed by SIGKILL, with its background write of checkpoint-6 "
-            f"unfinished: checkpoint-6 was not saved; this rank stops too.") in w._line(cause)
+            f"unfinished: checkpoint-6 was not saved; this rank stops too.") in verdict_line.line(w, cause)
     # the death notice for rank 0 (read as "..., while writing its part of checkpoint-6"): no second word of it
     owed = tmp_path / "ckpt.tmp" / "rank-00001.done.json"
     dead = watcher.Watcher(1, {0: os.getpid(), 1: os.getpid()}, "h", w.shared, None, grace=1.0)
     (w.shared / "owed.1").write_text(str(owed))
-    dead._pay(dead._named({**cause, "writing": None}))
+    dead._pay(verdict_line.named(dead, {**cause, "writing": None}))
     assert "background" not in owed.read_text()
 
 

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from pretrain_cli.distributed.launcher import watchdog, watcher
+from pretrain_cli.distributed.launcher import verdict_line, watchdog, watcher
 
 RANK = r"""
 import os, subprocess, sys, time
@@ -99,11 +99,11 @@ def test_a_job_of_one_process_needs_no_watcher(monkeypatch):
 def test_a_usage_error_is_not_answered_with_resume(tmp_path):
     w = _watcher(tmp_path, {1}, {1: 2 << 8})
     assert w.evidence.causes() == [1]
-    line = w._line(w.evidence.death_cause())
+    line = verdict_line.line(w, w.evidence.death_cause())
     assert "rank 0: rank 1 (pid 11 on h) died: exited with code 2" in line and "for its error." in line
     assert "resume" not in line
     killed = _watcher(tmp_path, {1}, {1: signal.SIGKILL})
-    killed = killed._line(killed.evidence.death_cause())
+    killed = verdict_line.line(killed, killed.evidence.death_cause())
     assert "killed by SIGKILL" in killed and "resume from the newest complete checkpoint of output_dir" in killed
 
 
@@ -182,7 +182,7 @@ def test_gloos_abort_after_a_hang_names_the_rank_that_hung(tmp_path):
         sleeper.wait()
     assert cause["kind"] == "hung" and cause["ranks"] == [1] and cause["phase"] == "forward/backward"
     assert (f"rank 0: rank 1 (pid {sleeper.pid} on h) made no progress for 21 s while in forward/backward at step 5"
-            in w._line(cause))
+            in verdict_line.line(w, cause))
     # a rank killed (SIGKILL) while the others wait for it in a collective: their marks are newer, it is the cause
     killed = _watcher(tmp_path / "k", {0}, {0: signal.SIGKILL})
     progress.Record(killed.shared / "progress.0").mark("forward/backward", 5)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import types
 
-from pretrain_cli.distributed.launcher import watchdog, watcher
+from pretrain_cli.distributed.launcher import verdict_line, watchdog, watcher
 
 LONE = r"""
 import os, resource, signal, sys, time
@@ -86,7 +86,7 @@ def test_its_own_error_or_a_kill_is_its_own_death_not_a_loss(tmp_path):
     (tmp_path / "rank-0.json").write_text(json.dumps({"rank": 0, "exit": 1, "kind": "peer", "line": "lost rank 0"}))
     lost = w._lost(died)  # it stopped because rank 0, on the other host, failed (`errors.PeerFailed`)
     assert lost["kind"] == "lost" and ("[pretrain-cli] rank 0 (pid 10 on node1) stopped (exited with code 1): it lost "
-                                       "a rank on another host (rank 1 on node0)") in w._line(lost)
+                                       "a rank on another host (rank 1 on node0)") in verdict_line.line(w, lost)
     assert w._lost({**died, "statuses": [signal.SIGKILL]})["kind"] == "died"
     (tmp_path / "rank-0.json").write_text(json.dumps({"rank": 0, "exit": 1, "kind": "crashed", "line": "KeyError: 3"}))
     assert w._lost(died)["kind"] == "died"  # a bug of its own (`cli.main`'s record): this host's rank, not a loss

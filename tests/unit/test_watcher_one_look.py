@@ -4,7 +4,7 @@ looks made the line say "checkpoint-6 was not published ... (rank 0 may still pu
 checkpoint `rerun.resumes` found, or the other way round. `unsaved.states` is now looked at once per line."""
 import os
 
-from pretrain_cli.distributed.launcher import unsaved
+from pretrain_cli.distributed.launcher import unsaved, verdict_line
 from test_unsaved_write import _records, _watcher
 
 
@@ -21,7 +21,7 @@ def test_the_lines_words_and_its_rerun_advice_say_one_state_of_the_writes(tmp_pa
         return len(looks) > 1  # running at the first look, stopped (nothing can publish) from the second on
 
     monkeypatch.setattr(unsaved, "_quiet", rank_0_stops_after_the_first_look)
-    line = w._line(cause)
+    line = verdict_line.line(w, cause)
     assert len(looks) == 1, looks
     assert "(rank 0 may still publish it)" in line, line
     assert f"re-run the same command: it resumes from the newest complete checkpoint ({out / 'checkpoint-6'} if " \

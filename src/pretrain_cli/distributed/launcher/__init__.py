@@ -9,4 +9,4 @@ saying who of its host it waits for: `join_wait`), and the time its ranks get to
 what a re-run starts from, for the lines that advise one (`rerun`); the launch's directories in TMPDIR, removed after a
 SIGKILL by the next launch (`tempdirs`); each rank's progress record (`progress`); and the rank watchers that name a
 dead or hung rank (`watchdog`: the rank's side; `watcher`: the forked watcher; `verdict`: the evidence the host's
-watchers share and their one verdict)."""
+watchers share and their one verdict; `verdict_line`: the words of the watchers' lines)."""

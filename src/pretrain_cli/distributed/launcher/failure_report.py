@@ -226,7 +226,7 @@ FINISHED = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[\s*INFO\] - 
 def _record_alone(containers) -> None:
     """The death by a signal of a node's only rank, which left no record (`job.record`) of it: recorded from its exit
     status as a watcher records a rank's death (kind "died", `killed by SIGKILL`, with its pid and host: one line,
-    `watcher.died`, which names a SIGKILL during a stop from the rank's notes here, `watchdog.stop_began`), for
+    `verdict_line.died`, which names a SIGKILL during a stop from the rank's notes here, `watchdog.stop_began`), for
     launch.sh's line and exit code (128 + the signal: `account.cause`, `job.decide`), which said nothing of a job of
     one process killed (`kill -9`, the OOM killer), its console only Paddle's `Container failed`, exit 247: such a job
     has no watcher (`watchdog.start`), and nothing else names a death by a signal. The re-run advice is left to
@@ -246,7 +246,7 @@ def _record_alone(containers) -> None:
     import socket
 
     from pretrain_cli import processes
-    from pretrain_cli.distributed.launcher.watcher import died
+    from pretrain_cli.distributed.launcher.verdict_line import died
 
     env = containers[0].env
     status = -code  # (as waitpid reports a death by that signal)

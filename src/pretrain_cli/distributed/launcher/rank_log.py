@@ -24,7 +24,7 @@ from pathlib import Path
 LIMIT = 20  # the most lines of a crash, or `error:` lines, the console quotes
 WINDOW = 1 << 20  # the most bytes of a log's end read for it
 PREFIX = "[pretrain-cli] "  # what starts the lines of the ranks' watchers (and the records' lines)
-# a rank watcher's verdict on a rank (`watcher.Watcher._line`, `departure.follow`), for this rank or another, or a
+# a rank watcher's verdict on a rank (`verdict_line.line`, `departure.follow`), for this rank or another, or a
 # join limit's (launch.sh says each once: the launcher's console copy of rank 0 leaves them out, `failure_report`)
 VERDICT = re.compile(re.escape(PREFIX) + r"(rank \d+: )?rank \d+ \(pid \d+ on [^)]*\)( (died|left with an error|"
                      r"made no progress|was aborted by the collective library|stopped \()"

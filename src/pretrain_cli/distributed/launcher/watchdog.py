@@ -292,9 +292,9 @@ def holding(path: Path) -> None:
 def stop_began(clock=None) -> None:
     """This rank's stop begins (`training.stop_signals`: its signal, or the ranks' agreement on another's): noted once
     (`stopping.began`), and left for the host's watchers as `stopping.<rank>` in the watch directory, so that a SIGKILL
-    during the stop is named as the launcher's limit (`watcher.died`); a rank alone under launch.sh, without a watcher,
-    leaves it in launch.sh's verdict directory (`_ALONE`), for its launcher (`failure_report._record_alone`), which
-    named such a kill `killed by SIGKILL (often the kernel's OOM killer ...)`. Best effort; else no file."""
+    during the stop is named as the launcher's limit (`verdict_line.died`); a rank alone under launch.sh, without a
+    watcher, leaves it in launch.sh's verdict directory (`_ALONE`), for its launcher (`failure_report._record_alone`),
+    which named such a kill `killed by SIGKILL (often the kernel's OOM killer ...)`. Best effort; else no file."""
     from pretrain_cli.distributed.launcher import stopping
 
     text = stopping.began(clock)

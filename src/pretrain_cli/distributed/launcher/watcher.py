@@ -1,6 +1,7 @@
 """A rank's watcher: the forked process (plain os calls only, no Paddle, its own session) that carries the rank's
 output to its workerlog, watches the ranks of its host, and at a death or a hang says the host's one verdict
 (`distributed.launcher.verdict`) in this rank's log and stops its rank. Started by `distributed.launcher.watchdog`.
+This module watches and decides when to write; what its lines say is `distributed.launcher.verdict_line`'s.
 
 The loop (`Watcher.run`): output is passed on while every rank of the host is alive; when a rank's death or
 departure is seen, what the pipe holds then is passed on too (a survivor's up to the first line of gloo's or Paddle's
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 from pretrain_cli import processes
-from pretrain_cli.distributed.launcher import departure, progress, rank_log, rerun, unsaved
+from pretrain_cli.distributed.launcher import departure, progress, rank_log, rerun, unsaved, verdict_line
 from pretrain_cli.distributed.launcher.verdict import Evidence, hung_cause
 
 POLL = 0.05
@@ -78,25 +79,6 @@ def exit_fds(ranks: dict) -> dict:
     bounds how late a death is seen."""
     fds = {r: processes.exit_fd(pid) for r, pid in ranks.items()}
     return {fd: r for r, fd in fds.items() if fd is not None}
-
-
-def died(rank: int, pid: int, host: str, status: int | None, notes: Path | None) -> str:
-    """`rank R (pid P on H) died: killed by SIGKILL`; for a rank SIGKILLed once its stop had begun (its note
-    `stopping.R` in `notes`, `watchdog.stop_began`), how far into the stop, doing what (its progress record there),
-    most likely whose limit, and how to give a stop longer (`stopping.killed`). One line for a watcher's verdict and
-    for the launcher of a rank alone without one (`failure_report._record_alone`; its notes in launch.sh's verdict
-    directory), which said the stop cut off as any death (often the OOM killer's)."""
-    from pretrain_cli.distributed.launcher import stopping
-
-    said = f"rank {rank} (pid {pid} on {host}) died: {processes.describe_status(status)}"
-    if notes is None or status is None or status & 0x7F != signal.SIGKILL:
-        return said
-    try:
-        mark = (Path(notes) / f"stopping.{rank}").read_text()
-    except OSError:
-        return said
-    record = progress.read(Path(notes), [rank]).get(rank, {})
-    return said + stopping.killed(mark, time.time(), record.get("phase", "?"), record.get("step", 0))
 
 
 class Watcher:
@@ -222,20 +204,21 @@ class Watcher:
                 os.write(log, read_held(pipe))
             own = [cause["statuses"][culprits.index(self.me)]]
             # (the notice is read as "while writing its part of checkpoint-N" already: no word of the write here)
-            self._pay(self._named({**cause, "ranks": [self.me], "statuses": own, "writing": None}))
+            self._pay(verdict_line.named(self, {**cause, "ranks": [self.me], "statuses": own, "writing": None}))
         if cause.get("writing"):  # a write in flight: said lost only once no rank of the host can publish it
             unsaved.settle(self.ranks.values())
-        os.write(log, self._line(cause).encode())
+        os.write(log, verdict_line.line(self, cause).encode())
         if self.verdicts is not None:
             from pretrain_cli.distributed.launcher import job
 
             if self.me in culprits:
                 code = (HUNG if cause["kind"] == "hung" else LOST if cause["kind"] == "lost" else
                         processes.exit_code(cause["statuses"][culprits.index(self.me)]))
-                job.record(self.me, code, cause["kind"], self._line({**cause, "ranks": [self.me]}, own=True).strip(),
-                           directory=self.verdicts, overwrite=False)
+                said = verdict_line.line(self, {**cause, "ranks": [self.me]}, own=True).strip()
+                job.record(self.me, code, cause["kind"], said, directory=self.verdicts, overwrite=False)
             else:  # stopped because of another rank: its line is the console's when no rank of this node failed
-                job.record(self.me, LOST, "peer", self._line(cause).strip(), directory=self.verdicts, overwrite=False)
+                job.record(self.me, LOST, "peer", verdict_line.line(self, cause).strip(), directory=self.verdicts,
+                           overwrite=False)
         self._finish()
 
     def _pay(self, named: str) -> None:
@@ -270,10 +253,7 @@ class Watcher:
         for r, ratio in progress.stragglers(records):
             if r not in self.named:
                 self.named.add(r)
-                who = "" if r == self.me else f"rank {self.me}: "
-                os.write(log, (f"[pretrain-cli] {who}rank {r} (pid {self.ranks[r]} on {self.host}) is a straggler: "
-                               f"its own work per step (data and forward, the median of the last {progress.WINDOW} "
-                               f"steps) takes {ratio:.1f}x the other ranks'; training goes on\n").encode())
+                os.write(log, verdict_line.straggler(self, r, ratio).encode())
         return None
 
     def announce(self, running: bool) -> None:
@@ -329,55 +309,6 @@ class Watcher:
             with contextlib.suppress(OSError):
                 os.kill(self.parent, signal.SIGKILL)
             time.sleep(0.02)
-
-    def _elsewhere(self) -> str:
-        elsewhere = ", ".join(f"rank {r} on {h}" for r, h in sorted(self.remote.items())[:4])
-        return elsewhere + (", …" if len(self.remote) > 4 else "")
-
-    def _named(self, cause: dict, seen: tuple | None = None) -> str:
-        """The ranks `cause` names and what became of them: `rank R (pid P on H) died: killed by SIGKILL`; then the
-        background checkpoint writes the stop leaves unsaved (`unsaved.clause`, by `seen`: `_line`'s one look)."""
-        causes, statuses, elsewhere = cause["ranks"], cause["statuses"], self._elsewhere()
-        # (the loss of a rank elsewhere names no rank of this host as its cause: any write here is one cut short)
-        lost = unsaved.clause(cause.get("writing"), [] if cause["kind"] == "lost" else causes, self.output[0],
-                              self.ranks, seen)
-        if cause["kind"] == "lost":
-            named = ", ".join(f"rank {r} (pid {self.ranks[r]} on {self.host}) "
-                              + ("was aborted by the collective library" if (st or 0) & 0x7F == signal.SIGABRT
-                                 else "stopped") + f" ({processes.describe_status(st)})"
-                              for r, st in zip(causes, statuses))
-            named += (f": it lost a rank on another host ({elsewhere}), which died, failed or stopped answering; "
-                      f"that node's workerlog (scripts/launch.sh: output_dir/log/node-N) names it")
-        elif cause["kind"] == "hung":
-            r = causes[0]
-            named = (f"rank {r} (pid {self.ranks[r]} on {self.host}) made no progress for {cause['seconds']:.0f} s "
-                     f"while in {cause['phase']} at step {cause['step']}")
-            if cause["phase"] in progress.WAITING and self.remote:  # every rank here waits: for a rank elsewhere
-                named += f", waiting for a rank on another host ({elsewhere}), which that node's workerlog names"
-        else:
-            named = ", ".join(died(r, self.ranks[r], self.host, st, self.shared) for r, st in zip(causes, statuses))
-        return named + lost
-
-    def _line(self, cause: dict, own: bool = False) -> str:
-        writing = cause.get("writing")
-        # the writes' state looked at once for the line: asked twice, rank 0 dying in between made `named` say "not
-        # saved" and the advice "if rank 0 publishes it"
-        seen = unsaved.states(writing, self.output[0], self.ranks) if writing else None
-        causes, statuses, named = cause["ranks"], cause["statuses"], self._named(cause, seen)
-        # where rank 0 may still publish a write (`named` says so), the re-run takes it if it does: both named
-        both = unsaved.resume_advice(writing, self.ranks, *self.output, seen=seen)
-        to = f": {both}" if both else f" to {rerun.resumes(*self.output)}"  # (as output_dir holds it now)
-        if cause["kind"] == "lost":  # the cause is elsewhere: its node's log, not this host's, says what it was
-            lead, stop = ("", "") if self.me in causes or own else (f"rank {self.me}: ", "; this rank stops too")
-            return (f"\n{rank_log.PREFIX}{lead}{named}{stop}. Re-run the same command (or launch with "
-                    f"MAX_RESTART){to}.\n")
-        usage = any(processes.exit_code(st) == 2 for st in statuses)  # a usage error: resuming would repeat it
-        if self.me in causes or own:
-            todo = ("Fix the error above, then re-run" if usage else
-                    f"Re-run the same command (or launch with MAX_RESTART){to}")
-            return f"\n{rank_log.PREFIX}{named}; the other ranks stop too. {todo}.\n"
-        todo = "for its error" if usage else f"for its cause; re-run{' the same command' if both else ''}{to}"
-        return f"\n{rank_log.PREFIX}rank {self.me}: {named}; this rank stops too. See that rank's workerlog {todo}.\n"
 
     read_held = staticmethod(read_held)  # (for `departure.follow`, which cannot import this module: a circle)
 
