@@ -170,11 +170,23 @@ def _widen(pipe: int, most: int = 1 << 20) -> None:
         fcntl.fcntl(pipe, fcntl.F_SETPIPE_SZ, min(most, limit))
 
 
-def _drain(kept: int, to: int) -> None:
-    """Copy what the pipe's read end `kept` holds to `to`, until it holds nothing: a write that waited on a full pipe
-    goes on as it is read, and what it adds is copied too."""
+def _drain(kept: int, to: int, quiet: float = 0.5) -> None:
+    """Copy what the pipe's read end `kept` holds to `to` until nothing more comes for `quiet` s (or every write end
+    is closed): a write that waited on a full pipe goes on as it is read, and what it adds is copied too. An empty
+    pipe alone does not end it: on a loaded host the woken writer may not have refilled it yet, and closing the read
+    end then cut that write short (EPIPE: ~1 MiB of a 3 MiB line lost, test_watcher_gone)."""
+    import select
+
     with contextlib.suppress(OSError):
-        while chunk := read_held(kept):
+        while True:
+            if chunk := read_held(kept):
+                os.write(to, chunk)
+                continue
+            if not select.select([kept], [], [], quiet)[0]:
+                return  # nothing for `quiet` s: no write was waiting
+            chunk = os.read(kept, 1 << 16)  # readable: bytes, or b"" once no write end is open
+            if not chunk:
+                return
             os.write(to, chunk)
 
 
